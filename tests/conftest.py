@@ -1,0 +1,48 @@
+"""Shared fixtures: quick real checkpoints and a real exported model repository."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+
+def train_quick(out: Path, *args: str) -> Path:
+    """Train a smoke-sized model with the real training entry point."""
+    from models import train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    train.run(parser.parse_args([*args, "--quick", "--no-progress", "--out", str(out)]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One quick checkpoint per architecture (and the tanh MLP)."""
+    pytest.importorskip("torch", reason="training needs the [train] extra")
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {
+        "mlp": train_quick(root / "mlp.pt", "--arch", "mlp", "--hidden", "32,32"),
+        "mlp-tanh": train_quick(
+            root / "mlp-tanh.pt", "--arch", "mlp", "--activation", "gelu_tanh", "--hidden", "32"
+        ),
+        "autoencoder": train_quick(root / "ae.pt", "--arch", "autoencoder", "--hidden", "32,8"),
+        "cnn": train_quick(root / "cnn.pt", "--arch", "cnn", "--hidden", "4,8"),
+    }
+
+
+@pytest.fixture(scope="session")
+def model_repository(
+    tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path]
+) -> Path:
+    """A real repository: a classifier with two versions, a tanh classifier, an autoencoder."""
+    from export.onnx_export import export_checkpoint
+
+    repo = tmp_path_factory.mktemp("model_repository")
+    export_checkpoint(checkpoints["mlp"], repo, "digits-mlp")
+    export_checkpoint(checkpoints["mlp"], repo, "digits-mlp")
+    export_checkpoint(checkpoints["mlp-tanh"], repo, "digits-mlp-tanh")
+    export_checkpoint(checkpoints["autoencoder"], repo, "digits-autoencoder")
+    return repo

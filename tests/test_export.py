@@ -1,0 +1,152 @@
+"""Export: native Gelu nodes, the validator, parity, metadata and the repository layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from torch import nn  # noqa: E402
+
+from export.onnx_export import (  # noqa: E402
+    PARITY_ATOL,
+    ExportError,
+    check_gelu_nodes,
+    check_parity,
+    export_checkpoint,
+)
+from export.repository import RepositoryError  # noqa: E402
+from models.activations import make_activation  # noqa: E402
+from models.train import file_sha256, load_checkpoint  # noqa: E402
+
+
+def ops(path: Path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+def test_default_repository_layout(model_repository: Path) -> None:
+    assert sorted(p.name for p in model_repository.iterdir()) == [
+        "digits-autoencoder", "digits-mlp", "digits-mlp-tanh"
+    ]  # fmt: skip
+    assert sorted(p.name for p in (model_repository / "digits-mlp").iterdir()) == [
+        "1", "2", "config.pbtxt"
+    ]  # fmt: skip
+    config = (model_repository / "digits-mlp" / "config.pbtxt").read_text()
+    assert 'platform: "onnxruntime_onnx"' in config
+    assert "max_batch_size: 256" in config and "dims: [ 64 ]" in config
+
+
+@pytest.mark.parametrize(
+    ("model", "approximate", "count"),
+    [("digits-mlp", "none", 2), ("digits-mlp-tanh", "tanh", 1), ("digits-autoencoder", "none", 2)],
+)
+def test_gelu_layers_become_native_gelu_nodes(
+    model_repository: Path, model: str, approximate: str, count: int
+) -> None:
+    graph = onnx.load(str(model_repository / model / "1" / "model.onnx"))
+    gelus = [n for n in graph.graph.node if n.op_type == "Gelu"]
+    assert len(gelus) == count
+    for node in gelus:
+        attrs = {a.name: a.s.decode() for a in node.attribute}
+        assert attrs.get("approximate", "none") == approximate
+    assert not {"Erf", "Tanh"} & {n.op_type for n in graph.graph.node}
+    assert graph.opset_import[0].version >= 20
+
+
+def test_cnn_exports_with_native_gelu(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    path = export_checkpoint(checkpoints["cnn"], tmp_path, "digits-cnn")
+    assert ops(path).count("Gelu") == 2
+    assert "dims: [ 1, 8, 8 ]" in (tmp_path / "digits-cnn" / "config.pbtxt").read_text()
+
+
+def _legacy_export(module: nn.Module, path: Path, opset: int) -> Path:
+    torch.onnx.export(module.eval(), (torch.rand(2, 4),), str(path), opset_version=opset,
+                      dynamo=False)  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(("activation", "op"), [("gelu", "Erf"), ("gelu_tanh", "Tanh")])
+def test_validator_refuses_decomposed_gelu(tmp_path: Path, activation: str, op: str) -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), make_activation(activation))
+    path = _legacy_export(net, tmp_path / "old.onnx", opset=18)
+    assert op in ops(path)  # opset 18 has no Gelu: the exporter decomposes it
+    with pytest.raises(ExportError, match=f"{op} nodes: GELU was decomposed"):
+        check_gelu_nodes(onnx.load(str(path)), expected=1)
+
+
+def test_validator_counts_gelu_nodes(tmp_path: Path) -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), make_activation("gelu"))
+    graph = onnx.load(str(_legacy_export(net, tmp_path / "m.onnx", opset=20)))
+    check_gelu_nodes(graph, expected=1)
+    with pytest.raises(ExportError, match="expected 2 native Gelu node"):
+        check_gelu_nodes(graph, expected=2)
+
+
+def test_parity_check_catches_a_wrong_graph(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    _, model, config = load_checkpoint(checkpoints["mlp"])
+    path = export_checkpoint(checkpoints["mlp"], tmp_path, "m")
+    assert check_parity(model, config, path) <= PARITY_ATOL
+    with torch.no_grad():
+        model.net[1].bias += 1e-3  # type: ignore[index, union-attr]  # the graph no longer matches the model
+    with pytest.raises(ExportError, match="onnxruntime and PyTorch differ"):
+        check_parity(model, config, path)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 256])
+def test_onnxruntime_matches_pytorch(
+    model_repository: Path, checkpoints: dict[str, Path], batch: int
+) -> None:
+    _, model, _ = load_checkpoint(checkpoints["mlp"])
+    session = ort.InferenceSession(str(model_repository / "digits-mlp" / "1" / "model.onnx"))
+    x = np.random.default_rng(batch).random((batch, 64), dtype=np.float32)
+    logits, probs = session.run(["logits", "probabilities"], {"input": x})
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    assert np.max(np.abs(logits - want)) <= 1e-5
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_metadata(model_repository: Path, checkpoints: dict[str, Path]) -> None:
+    graph = onnx.load(str(model_repository / "digits-mlp" / "2" / "model.onnx"))
+    meta = {p.key: p.value for p in graph.metadata_props}
+    assert meta["name"] == "digits-mlp" and meta["version"] == "2"
+    assert meta["activation"] == "gelu" and meta["task"] == "classification"
+    assert json.loads(meta["label_names"]) == [str(i) for i in range(10)]
+    assert json.loads(meta["input_normalisation"]) == {"divide_by": 16.0}
+    assert "val_accuracy" in json.loads(meta["metrics"])
+    assert meta["checkpoint_sha256"] == file_sha256(checkpoints["mlp"])
+
+
+def test_existing_version_is_refused_and_nothing_half_written(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    export_checkpoint(checkpoints["mlp"], tmp_path, "m", version=3)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(RepositoryError, match="exists; choose another --version"):
+        export_checkpoint(checkpoints["mlp"], tmp_path, "m", version=3)
+    with pytest.raises(RepositoryError, match="describes a different model"):
+        export_checkpoint(checkpoints["autoencoder"], tmp_path, "m")
+    with pytest.raises(RepositoryError, match="invalid model name"):
+        export_checkpoint(checkpoints["mlp"], tmp_path, "../escape")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert export_checkpoint(checkpoints["mlp"], tmp_path, "m").parent.name == "4"
+
+
+def test_failed_validation_leaves_nothing(
+    tmp_path: Path, checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import export.onnx_export as onnx_export
+
+    def fail(*args: object) -> float:
+        raise ExportError("parity failed")
+
+    monkeypatch.setattr(onnx_export, "check_parity", fail)
+    with pytest.raises(ExportError):
+        export_checkpoint(checkpoints["mlp"], tmp_path, "m")
+    assert list(tmp_path.iterdir()) == []

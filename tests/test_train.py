@@ -1,0 +1,101 @@
+"""Networks, deterministic training and the checkpoint round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from models.networks import ConfigError, ModelConfig, build_model  # noqa: E402
+from models.train import CheckpointError, load_checkpoint  # noqa: E402
+from tests.conftest import train_quick  # noqa: E402
+
+
+@pytest.mark.parametrize("arch", ["mlp", "autoencoder", "cnn"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "gelu_sigmoid", "relu"])
+def test_every_architecture_takes_every_activation(arch: str, activation: str) -> None:
+    config = ModelConfig(
+        arch=arch,
+        activation=activation,
+        input_shape=(1, 8, 8) if arch == "cnn" else (64,),
+        hidden=(8, 4),
+        num_classes=0 if arch == "autoencoder" else 10,
+    )
+    x = torch.rand(3, *config.input_shape)
+    out = build_model(config)(x)
+    assert out.shape == ((3, 64) if arch == "autoencoder" else (3, 10))
+
+
+def test_paper_mlp_shape() -> None:
+    config = ModelConfig("mlp", "gelu", (784,), (128,) * 8, 10)
+    linears = [m for m in build_model(config).modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(784, 128)] + [(128, 128)] * 7 + [
+        (128, 10)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"arch": "transformer"}, "unknown architecture 'transformer'"),
+        ({"activation": "swish"}, "unknown activation 'swish'"),
+        ({"hidden": (0,)}, "hidden sizes must be positive"),
+        ({"num_classes": 1}, "num_classes >= 2"),
+        ({"label_names": ("a",)}, "1 label names for 10 classes"),
+        ({"arch": "cnn"}, r"cnn needs an input shape \(C, H, W\)"),
+    ],
+)
+def test_bad_configs_are_refused(changes: dict, message: str) -> None:
+    base = {"arch": "mlp", "activation": "gelu", "input_shape": (64,), "hidden": (8,),
+            "num_classes": 10}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{**base, **changes}).validate()
+
+
+def test_training_is_deterministic(tmp_path: Path) -> None:
+    a = train_quick(tmp_path / "a.pt", "--hidden", "16", "--seed", "3")
+    b = train_quick(tmp_path / "b.pt", "--hidden", "16", "--seed", "3")
+    state_a, state_b = (load_checkpoint(p)[1].state_dict() for p in (a, b))
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+
+
+def test_checkpoint_round_trip(checkpoints: dict[str, Path]) -> None:
+    payload, model, config = load_checkpoint(checkpoints["mlp"])
+    assert config.arch == "mlp" and config.activation == "gelu"
+    assert config.label_names == tuple(str(i) for i in range(10))
+    assert config.normalisation == {"divide_by": 16.0}
+    assert len(payload["history"]) == 2 and "val_accuracy" in payload["metrics"]
+    assert not model.training
+    again = load_checkpoint(checkpoints["mlp"])[1]
+    x = torch.rand(5, 64)
+    assert torch.equal(model(x), again(x))
+
+
+def test_corrupt_and_foreign_checkpoints_are_refused(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(checkpoints["mlp"].read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(corrupt)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    with pytest.raises(CheckpointError, match="not a gelu-serve checkpoint"):
+        load_checkpoint(foreign)
+
+
+def test_mismatched_checkpoint_is_refused(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    payload = torch.load(checkpoints["mlp"], weights_only=True)
+    payload["model_config"]["hidden"] = [16, 16]
+    mismatched = tmp_path / "mismatched.pt"
+    torch.save(payload, mismatched)
+    with pytest.raises(CheckpointError, match="weights do not match its model config"):
+        load_checkpoint(mismatched)
+    payload["model_config"]["arch"] = "rnn"
+    torch.save(payload, mismatched)
+    with pytest.raises(ConfigError, match="unknown architecture 'rnn'"):
+        load_checkpoint(mismatched)
