@@ -1,0 +1,187 @@
+"""Read Triton's ``config.pbtxt`` (protobuf text format) into a typed ``ModelConfig``.
+
+Only the subset a model repository for onnxruntime needs is interpreted; the parser itself
+handles the whole text-format grammar of scalars, lists and nested messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Triton's data types, the Open Inference Protocol's names for them, and numpy's.
+TRITON_TO_V2 = {
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+}
+V2_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+ONNX_TO_V2 = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+}
+
+_TOKEN = re.compile(r'\s+|#[^\n]*|"(?:[^"\\]|\\.)*"|[{}\[\]:,;]|[^\s{}\[\]:,;"#]+')
+
+
+class ConfigParseError(ValueError):
+    """A config.pbtxt that is not valid text format or lacks what serving needs."""
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    for match in _TOKEN.finditer(text):
+        if match.start() != pos:
+            break
+        pos = match.end()
+        token = match.group()
+        if token.strip() and not token.startswith("#"):
+            tokens.append(token)
+    if pos != len(text):
+        raise ConfigParseError(f"unexpected character {text[pos]!r} at offset {pos}")
+    return tokens
+
+
+def parse_pbtxt(text: str) -> dict[str, list[Any]]:
+    """Parse protobuf text format into ``{field: [values...]}`` (every field may repeat)."""
+    tokens = _tokenize(text)
+    pos = 0
+
+    def scalar(token: str) -> Any:
+        if token.startswith('"'):
+            return bytes(token[1:-1], "utf-8").decode("unicode_escape")
+        for convert in (int, float):
+            try:
+                return convert(token)
+            except ValueError:
+                continue
+        return {"true": True, "false": False}.get(token, token)
+
+    def value() -> Any:
+        nonlocal pos
+        token = tokens[pos]
+        pos += 1
+        if token == "{":
+            return message("}")
+        if token in "}[]:,;":
+            raise ConfigParseError(f"unexpected {token!r}")
+        return scalar(token)
+
+    def message(end: str | None) -> dict[str, list[Any]]:
+        nonlocal pos
+        fields: dict[str, list[Any]] = {}
+        while pos < len(tokens) and tokens[pos] != end:
+            name = tokens[pos]
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ConfigParseError(f"expected a field name, found {name!r}")
+            pos += 1
+            if tokens[pos] == ":":
+                pos += 1
+            values = fields.setdefault(name, [])
+            if tokens[pos] == "[":
+                pos += 1
+                while tokens[pos] != "]":
+                    values.append(value())
+                    if tokens[pos] == ",":
+                        pos += 1
+                pos += 1
+            else:
+                values.append(value())
+            if pos < len(tokens) and tokens[pos] in ",;":
+                pos += 1
+        if end is not None:
+            if pos >= len(tokens):
+                raise ConfigParseError(f"missing {end!r}")
+            pos += 1
+        return fields
+
+    try:
+        return message(None)
+    except IndexError:
+        raise ConfigParseError("unexpected end of text") from None
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """One input or output: name, V2 datatype and dims without the batch dimension."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return V2_TO_NUMPY[self.datatype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the service needs from ``config.pbtxt``."""
+
+    name: str
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorConfig, ...]
+    outputs: tuple[TensorConfig, ...]
+    dynamic_batching: bool
+    max_queue_delay_us: int | None
+
+
+def _one(fields: dict[str, list[Any]], key: str, default: Any = None) -> Any:
+    values = fields.get(key)
+    if not values:
+        if default is None:
+            raise ConfigParseError(f"missing field {key!r}")
+        return default
+    return values[-1]
+
+
+def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
+    data_type = _one(fields, "data_type")
+    if data_type not in TRITON_TO_V2:
+        raise ConfigParseError(f"unsupported data_type {data_type!r}")
+    dims = tuple(int(d) for d in fields.get("dims", []))
+    return TensorConfig(str(_one(fields, "name")), TRITON_TO_V2[data_type], dims)
+
+
+def load_model_config(text: str) -> ModelConfig:
+    """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong."""
+    fields = parse_pbtxt(text)
+    batching = fields.get("dynamic_batching", [])
+    delay = _one(batching[-1], "max_queue_delay_microseconds", -1) if batching else -1
+    return ModelConfig(
+        name=str(_one(fields, "name")),
+        platform=str(_one(fields, "platform", "onnxruntime_onnx")),
+        max_batch_size=int(_one(fields, "max_batch_size", 0)),
+        inputs=tuple(_tensor(f) for f in fields.get("input", [])),
+        outputs=tuple(_tensor(f) for f in fields.get("output", [])),
+        dynamic_batching=bool(batching),
+        max_queue_delay_us=int(delay) if delay >= 0 else None,
+    )

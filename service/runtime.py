@@ -1,0 +1,231 @@
+"""onnxruntime sessions for every model version in the repository: numpy in, numpy out.
+
+This module knows nothing of HTTP. It loads ``<repo>/<model>/<version>/model.onnx``, checks each
+session against its ``config.pbtxt``, detects a silent fallback from a requested execution
+provider, and warms the session up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from service.errors import BadInputError, NotFoundError, PayloadTooLargeError, StartupError
+from service.model_config import (
+    ONNX_TO_V2,
+    ConfigParseError,
+    ModelConfig,
+    TensorConfig,
+    load_model_config,
+)
+
+logger = logging.getLogger("gelu_serve")
+
+CONFIG_FILENAME = "config.pbtxt"
+MODEL_FILENAME = "model.onnx"
+# The ONNX contract written by export/: these output names carry these meanings.
+PROBABILITIES_OUTPUT = "probabilities"
+RECONSTRUCTION_OUTPUT = "reconstruction"
+
+
+def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    """Session options shared by model and activation sessions."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only; provider fallback is reported by us
+    return options
+
+
+def create_session(
+    source: str | bytes, label: str, providers: list[str], options: ort.SessionOptions, strict: bool
+) -> tuple[ort.InferenceSession, list[str]]:
+    """An InferenceSession and the providers it really uses.
+
+    onnxruntime silently falls back to CPU when a requested provider cannot load; compare what
+    was asked for with what the session reports, log it, and refuse under ``strict``.
+    """
+    try:
+        session = ort.InferenceSession(source, sess_options=options, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise StartupError(f"{label}: onnxruntime cannot load it: {exc}") from None
+    in_use = session.get_providers()
+    missing = [p for p in providers if p not in in_use]
+    if missing:
+        message = (
+            f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
+            f"(onnxruntime offers {', '.join(ort.get_available_providers())}); "
+            f"running on {', '.join(in_use)}"
+        )
+        if strict:
+            raise StartupError(message + "; refusing to start (GELU_STRICT_PROVIDERS=true)")
+        logger.warning(message)
+    return session, in_use
+
+
+@dataclass
+class Model:
+    """One version of one model, loaded and checked."""
+
+    name: str
+    version: str
+    config: ModelConfig
+    session: ort.InferenceSession
+    providers: list[str]
+    metadata: dict[str, str]
+    ready: bool = False
+    output_names: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output_names = [o.name for o in self.config.outputs]
+
+    @property
+    def task(self) -> str:
+        return self.metadata.get("task", "")
+
+    @property
+    def label_names(self) -> list[str]:
+        names: list[str] = json.loads(self.metadata.get("label_names", "[]"))
+        return names
+
+    @property
+    def inputs(self) -> tuple[TensorConfig, ...]:
+        return self.config.inputs
+
+    def infer(
+        self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the session on already validated inputs; blocks, so call it off the event loop."""
+        names = outputs or self.output_names
+        results = self.session.run(names, inputs)
+        return dict(zip(names, results, strict=True))
+
+    def warm_up(self, runs: int) -> None:
+        """Run a few batches through the session so the first client pays no set-up cost."""
+        for batch in (1, 8, 1, 8)[:runs]:
+            feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
+            self.infer(feed)
+        self.ready = True
+
+    def check_against_config(self) -> None:
+        """The session's inputs and outputs must be exactly those ``config.pbtxt`` declares."""
+        label = f"{self.name}/{self.version}"
+        for kind, declared, actual in (
+            ("input", self.config.inputs, self.session.get_inputs()),
+            ("output", self.config.outputs, self.session.get_outputs()),
+        ):
+            got = {a.name: (ONNX_TO_V2.get(a.type, a.type), tuple(a.shape[1:])) for a in actual}
+            want = {d.name: (d.datatype, d.dims) for d in declared}
+            if set(got) != set(want):
+                raise StartupError(
+                    f"{label}: {kind}s in model.onnx {sorted(got)} != config.pbtxt {sorted(want)}"
+                )
+            for name, (datatype, dims) in want.items():
+                if got[name][0] != datatype or got[name][1] != dims:
+                    raise StartupError(
+                        f"{label}: {kind} {name!r} is {got[name][0]} {list(got[name][1])} in "
+                        f"model.onnx but {datatype} {list(dims)} in config.pbtxt"
+                    )
+
+
+class ModelRepository:
+    """Every version of every model under one repository root."""
+
+    def __init__(self, models: dict[str, dict[str, Model]]) -> None:
+        self.models = models
+
+    @classmethod
+    def load(
+        cls,
+        root: Path,
+        providers: list[str],
+        options: ort.SessionOptions,
+        strict: bool,
+        warmup_runs: int,
+    ) -> ModelRepository:
+        """Load, check and warm every model; ``StartupError`` says what is wrong."""
+        if not root.is_dir():
+            raise StartupError(
+                f"model repository {root} does not exist; build the defaults with `make models` "
+                "or point GELU_MODEL_REPOSITORY at one"
+            )
+        models: dict[str, dict[str, Model]] = {}
+        for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            if model_dir.name.startswith("."):
+                continue  # export's staging directories
+            versions = cls._load_model(model_dir, providers, options, strict, warmup_runs)
+            if versions:
+                models[model_dir.name] = versions
+        if not models:
+            logger.warning("model repository %s holds no models", root)
+        return cls(models)
+
+    @staticmethod
+    def _load_model(
+        model_dir: Path,
+        providers: list[str],
+        options: ort.SessionOptions,
+        strict: bool,
+        warmup_runs: int,
+    ) -> dict[str, Model]:
+        config_path = model_dir / CONFIG_FILENAME
+        try:
+            config = load_model_config(config_path.read_text())
+        except (OSError, ConfigParseError) as exc:
+            raise StartupError(f"{config_path}: {exc}") from None
+        if config.name != model_dir.name:
+            raise StartupError(f"{config_path}: name {config.name!r} != directory name")
+        if config.platform != "onnxruntime_onnx":
+            raise StartupError(f"{config_path}: platform {config.platform!r} is not served")
+        versions: dict[str, Model] = {}
+        for version_dir in sorted(
+            (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+            key=lambda p: int(p.name),
+        ):
+            label = f"{model_dir.name}/{version_dir.name}"
+            session, in_use = create_session(
+                str(version_dir / MODEL_FILENAME), label, providers, options, strict
+            )
+            meta = session.get_modelmeta().custom_metadata_map
+            model = Model(model_dir.name, version_dir.name, config, session, in_use, meta)
+            model.check_against_config()
+            model.warm_up(warmup_runs)
+            versions[version_dir.name] = model
+            logger.info("loaded %s on %s", label, ", ".join(in_use))
+        return versions
+
+    def get(self, name: str, version: str | None = None) -> Model:
+        """A model by name and version (default: its highest version)."""
+        versions = self.models.get(name)
+        if versions is None:
+            raise NotFoundError(f"unknown model {name!r}; available: {', '.join(self.models)}")
+        if version is None:
+            return versions[self.latest(name)]
+        if version not in versions:
+            raise NotFoundError(
+                f"unknown version {version!r} of model {name!r}; available: {', '.join(versions)}"
+            )
+        return versions[version]
+
+    def latest(self, name: str) -> str:
+        """The highest version of ``name``."""
+        return max(self.models[name], key=int)
+
+    def all(self) -> list[Model]:
+        """Every loaded model version."""
+        return [m for versions in self.models.values() for m in versions.values()]
+
+
+def check_batch(model: Model, batch: int, limit: int) -> None:
+    """Refuse an empty batch or one above ``limit`` (0: the model's ``max_batch_size``)."""
+    maximum = limit or model.config.max_batch_size
+    if batch < 1:
+        raise BadInputError("empty batch: send at least one instance")
+    if maximum and batch > maximum:
+        raise PayloadTooLargeError(f"batch of {batch} is above the maximum of {maximum}")

@@ -1,0 +1,210 @@
+"""Pydantic models of every request and response body, for OpenAPI at ``/docs``.
+
+Request bodies are parsed by ``service.codecs`` (orjson + numpy, far cheaper than validating
+nested float lists through pydantic); these models document them, and ``request_body()``
+puts a model's schema into a route's OpenAPI entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+Number = float | int
+NestedNumbers = list[Any]  # numbers or nested lists of numbers, row-major
+
+
+class ErrorResponse(BaseModel):
+    """Every error: 4xx for a client's mistake, 5xx for the service's."""
+
+    error: str = Field(examples=["unknown model 'nope'; available: digits-mlp"])
+
+
+# ---- V1 -------------------------------------------------------------------------------------
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str = Field(examples=["FP32"])
+    shape: list[int] = Field(description="-1 for the variable batch dimension")
+
+
+class ModelSummary(BaseModel):
+    """A model as V1 describes it: its versions and what a client needs to call it."""
+
+    name: str
+    versions: list[str]
+    latest_version: str
+    ready: bool
+    platform: str
+    task: str = Field(description="classification or reconstruction")
+    activation: str
+    arch: str
+    label_names: list[str]
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    input_normalisation: dict[str, float] = Field(
+        description="raw sample / divide_by = the input the model expects"
+    )
+    max_batch_size: int
+    providers: list[str] = Field(description="execution providers the session really uses")
+    metrics: dict[str, float] = Field(description="training metrics of the latest version")
+
+
+class ModelList(BaseModel):
+    models: list[ModelSummary]
+
+
+class PredictRequest(BaseModel):
+    """KServe V1: one instance per row, each of the model's input shape."""
+
+    instances: list[NestedNumbers] = Field(examples=[[[0.0] * 64]])
+
+
+class ClassPrediction(BaseModel):
+    label: str
+    class_index: int
+    probabilities: list[float]
+
+
+class ReconstructionPrediction(BaseModel):
+    reconstruction: NestedNumbers
+    error: float = Field(description="mean squared error of the reconstruction")
+
+
+class PredictResponse(BaseModel):
+    predictions: list[ClassPrediction | ReconstructionPrediction]
+
+
+# ---- Open Inference Protocol (V2) -----------------------------------------------------------
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class LiveResponse(BaseModel):
+    live: bool
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+
+
+class ModelReadyResponse(BaseModel):
+    name: str
+    ready: bool
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class RequestInput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = Field(
+        None, description="binary_data_size: bytes of this tensor after the JSON header"
+    )
+    data: NestedNumbers | None = Field(None, description="flat or nested, row-major")
+
+
+class RequestOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = Field(
+        None, description="binary_data: true to receive this output as raw bytes"
+    )
+
+
+class InferenceRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = Field(
+        None, description="binary_data_output: true for every output as raw bytes"
+    )
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+
+
+class ResponseOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Number] | None = None
+
+
+class InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    outputs: list[ResponseOutput]
+
+
+# ---- activations ----------------------------------------------------------------------------
+
+
+class ActivationInfo(BaseModel):
+    name: str
+    formula: str
+    derivative: str
+
+
+class ActivationList(BaseModel):
+    activations: list[ActivationInfo]
+    providers: list[str]
+
+
+class ActivationRequest(BaseModel):
+    data: NestedNumbers | Number = Field(examples=[[-1.0, 0.0, 1.0]])
+    derivative: bool = False
+
+
+class ActivationResponse(BaseModel):
+    name: str
+    derivative: bool
+    shape: list[int]
+    data: NestedNumbers | Number
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace ``$ref``s into ``$defs`` with the definitions (OpenAPI has no local ``$defs``)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
+def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str, Any]:
+    """``openapi_extra`` documenting a body that the route parses itself."""
+    content: dict[str, Any] = {
+        "application/json": {"schema": _inline_refs(model.model_json_schema())}
+    }
+    if binary:
+        content["application/octet-stream"] = {
+            "schema": {"type": "string", "format": "binary", "description": binary}
+        }
+    return {"requestBody": {"required": True, "content": content}}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "malformed or mismatched input"},
+    404: {"model": ErrorResponse, "description": "unknown model, version or activation"},
+    413: {"model": ErrorResponse, "description": "body, batch or array above the maximum"},
+}
