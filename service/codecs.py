@@ -81,7 +81,7 @@ def _describe(array: np.ndarray) -> str:
 def check_shape(array: np.ndarray, tensor: TensorConfig, what: str) -> None:
     """``array`` must be [batch, *dims] of the model's input."""
     if array.ndim == 0 or array.shape[1:] != tensor.dims:
-        got = list(array.shape[1:]) if array.ndim else "a scalar"
+        got = list(array.shape[1:]) if array.ndim > 1 else "a scalar"
         raise BadInputError(f"{what}: each instance must have shape {list(tensor.dims)}, got {got}")
 
 

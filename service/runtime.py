@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +53,10 @@ def create_session(
     was asked for with what the session reports, log it, and refuse under ``strict``.
     """
     try:
-        session = ort.InferenceSession(source, sess_options=options, providers=providers)
+        with warnings.catch_warnings():
+            # onnxruntime warns of a missing provider; the message below says it better.
+            warnings.simplefilter("ignore", UserWarning)
+            session = ort.InferenceSession(source, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise StartupError(f"{label}: onnxruntime cannot load it: {exc}") from None
     in_use = session.get_providers()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,26 @@ def model_repository(
     export_checkpoint(checkpoints["mlp-tanh"], repo, "digits-mlp-tanh")
     export_checkpoint(checkpoints["autoencoder"], repo, "digits-autoencoder")
     return repo
+
+
+@pytest.fixture(scope="session")
+def settings_factory(model_repository: Path):
+    """Settings over the test repository, with overrides."""
+    from service.settings import Settings
+
+    def make(**overrides: Any) -> Settings:
+        return Settings(model_repository=model_repository, warmup_runs=1, **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def client(settings_factory):
+    """A TestClient over the real app with its lifespan run (models loaded and warmed)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    settings = settings_factory(max_body_bytes=1 << 20, max_activation_elements=100_000)
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client

@@ -1,0 +1,147 @@
+"""End to end: a real uvicorn process on loopback, driven by tritonclient, raw HTTP and curl."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import DIGITS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {process.stdout.read() if process.stdout else ''}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/v2/health/ready")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("server not ready")
+
+
+@pytest.fixture(scope="module")
+def server(model_repository: Path) -> Iterator[int]:
+    """``gelu-serve serve`` in its own process, stopped with SIGTERM."""
+    port = free_port()
+    env = {**os.environ, "GELU_MODEL_REPOSITORY": str(model_repository), "GELU_WARMUP_RUNS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(port, process)
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+        # A clean shutdown: the lifespan finished, then uvicorn re-raised SIGTERM (exit 143 in a
+        # shell or container), as it does since 0.29 so that supervisors see the signal.
+        assert process.returncode in (0, -signal.SIGTERM), output
+        assert "Application shutdown complete" in output, output
+        assert "Traceback" not in output, output
+
+
+def test_tritonclient_json_and_binary(server: int) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server}")
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits-mlp") and client.is_model_ready("digits-mlp", "1")
+    assert client.get_model_metadata("digits-mlp")["versions"] == ["1", "2"]
+    assert client.get_model_config("digits-mlp")["max_batch_size"] == 256
+    x = DIGITS[:16]
+    results = {}
+    for binary in (False, True):
+        tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        wanted = [httpclient.InferRequestedOutput(n, binary_data=binary)
+                  for n in ("logits", "probabilities")]  # fmt: skip
+        result = client.infer("digits-mlp", [tensor], outputs=wanted, request_id=f"b{binary}")
+        assert result.get_response()["id"] == f"b{binary}"
+        results[binary] = result.as_numpy("probabilities")
+        assert results[binary].shape == (16, 10)
+    np.testing.assert_allclose(results[False], results[True], rtol=1e-6)
+    # No outputs named: tritonclient asks for every output in binary.
+    result = client.infer("digits-autoencoder", [tensor])
+    assert result.as_numpy("reconstruction").shape == (16, 64)
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.infer("nope", [tensor])
+    bad = httpclient.InferInput("input", [16, 64], "FP64")
+    bad.set_data_from_numpy(x.astype(np.float64), binary_data=True)
+    with pytest.raises(InferenceServerException, match="datatype 'FP64'"):
+        client.infer("digits-mlp", [bad])
+    assert client.is_server_ready()
+
+
+def test_raw_http_requests(server: int) -> None:
+    def post(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read(), {k.lower(): v for k, v in response.getheaders()}
+
+    status, body, _ = post("/v1/models/digits-mlp:predict", b'{"instances": [[1, 2', {})
+    assert status == 400 and json.loads(body)["error"].startswith("malformed JSON")
+    x = np.linspace(-5, 5, 1_000_000, dtype="<f4")
+    status, body, headers = post(
+        "/v1/activations/gelu", x.tobytes(), {"Content-Type": "application/octet-stream"}
+    )
+    assert status == 200 and headers["x-shape"] == "1000000" and len(body) == x.nbytes
+    y = np.frombuffer(body, "<f4")
+    assert abs(float(y[-1]) - 5.0 * 0.9999997133) < 1e-5
+
+
+def readme_curl_commands() -> list[str]:
+    """Every ``curl`` command in the README's code blocks, joined across line continuations."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    commands = []
+    for block in blocks:
+        joined = block.replace("\\\n", " ")
+        commands += [
+            line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")
+        ]
+    return commands
+
+
+def test_readme_curl_examples_work_as_written(server: int, tmp_path: Path) -> None:
+    commands = readme_curl_commands()
+    assert len(commands) >= 10
+    # The README makes x.f32 with this numpy one-liner before its binary example.
+    np.linspace(-5, 5, 1_000_000, dtype="<f4").tofile(tmp_path / "x.f32")
+    for command in commands:
+        command = command.replace("localhost:8000", f"127.0.0.1:{server}")
+        result = subprocess.run(
+            ["bash", "-c", command + " -sS --write-out '\\n%{http_code}'"],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+        assert result.stdout.splitlines()[-1] == "200", f"{command}: {result.stdout[-300:]}"
+        assert not result.stderr, result.stderr
+        shlex.split(command)  # each is a well-formed shell command

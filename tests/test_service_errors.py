@@ -1,0 +1,134 @@
+"""Every client mistake gets a 4xx with one JSON error shape, and the service keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import DIGITS, assert_error
+from tests.test_service_v2 import binary_request
+
+ROW = [0.5] * 64
+V1 = "/v1/models/digits-mlp:predict"
+V2 = "/v2/models/digits-mlp/infer"
+
+
+def v2_body(**changes) -> dict:
+    entry = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW, **changes}
+    return {"inputs": [entry]}
+
+
+CASES = [
+    # (path, body bytes or JSON, status, what the message says)
+    (V1, b'{"instances": [[1, 2', 400, "malformed JSON"),
+    (V1, b"", 400, "empty body"),
+    (V1, b'{"instances": [[NaN]]}', 400, "malformed JSON"),
+    (V1, b'{"instances": [[1e400]]}', 400, "malformed JSON"),
+    (V1, {"instances": [[1e39] * 64]}, 400, "outside the float32 range"),
+    (V1, {"instances": [["a"] * 64]}, 400, "expected numbers, found strings"),
+    (V1, {"instances": [[None] * 64]}, 400, "expected numbers, found null"),
+    (V1, {"instances": [[True] * 64]}, 400, "found booleans"),
+    (V1, {"instances": [ROW, ROW[:10]]}, 400, "ragged"),
+    (V1, {"instances": [ROW[:63]]}, 400, "must have shape [64], got [63]"),
+    (V1, {"instances": ROW}, 400, "must have shape [64], got a scalar"),
+    (V1, {"instances": []}, 400, "empty batch"),
+    (V1, {"instances": "x"}, 400, "holding a list"),
+    (V1, [1, 2], 400, "must be a JSON object"),
+    (V1, {"instances": [ROW] * 257}, 413, "batch of 257 is above the maximum of 256"),
+    ("/v1/models/nope:predict", {"instances": [ROW]}, 404, "unknown model 'nope'"),
+    ("/v1/models/digits-mlp/versions/x:predict", {"instances": [ROW]}, 404, "unknown version"),
+    (V2, b"{oops", 400, "malformed JSON"),
+    (V2, {"inputs": "x"}, 400, "'inputs' list"),
+    (V2, v2_body(datatype="FP64"), 400, "datatype 'FP64' does not match the model's FP32"),
+    (V2, v2_body(datatype="BANANA"), 400, "datatype 'BANANA'"),
+    (V2, v2_body(shape=[1, 63]), 400, "shape [1, 63] does not match the model's [-1, 64]"),
+    (V2, v2_body(shape=[1, -64]), 400, "non-negative integers"),
+    (V2, v2_body(shape=[2, 64]), 400, "data holds 64 values but shape [2, 64] needs 128"),
+    (V2, v2_body(shape=[0, 64], data=[]), 400, "empty batch"),
+    (V2, v2_body(shape=[300, 64], data=ROW * 300), 413, "above the maximum of 256"),
+    (V2, v2_body(data=["x"] * 64), 400, "expected numbers"),
+    (V2, v2_body(name="pixels"), 400, "unknown input 'pixels'"),
+    (V2, {"inputs": [v2_body()["inputs"][0]] * 2}, 400, "appears twice"),
+    (V2, {"inputs": []}, 400, "missing input(s) ['input']"),
+    (V2, {**v2_body(), "outputs": [{"name": "nope"}]}, 400, "unknown output 'nope'"),
+    (V2, {**v2_body(), "id": 5}, 400, "'id' must be a string"),
+    (V2, {**v2_body(), "parameters": {"binary_data_output": "yes"}}, 400, "true or false"),
+    ("/v2/models/nope/infer", v2_body(), 404, "unknown model 'nope'"),
+    ("/v2/models/digits-mlp/versions/7/infer", v2_body(), 404, "unknown version '7'"),
+    ("/v1/activations/swish", {"data": [1.0]}, 404, "unknown activation 'swish'"),
+    ("/v1/activations/gelu", {"values": [1.0]}, 400, '{"data": [...]}'),
+    ("/v1/activations/gelu", {"data": [1.0], "derivative": "yes"}, 400, "true or false"),
+    ("/v1/activations/gelu", {"data": [[1.0], [1.0, 2.0]]}, 400, "ragged"),
+    ("/v1/activations/gelu", {"data": [0.0] * 100_001}, 413, "above the maximum of 100000"),
+    ("/nowhere", {}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "needle"), CASES)
+def test_bad_input_gets_4xx_and_service_keeps_serving(client, path, body, status, needle) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = client.post(path, content=content, headers={"Content-Type": "application/json"})
+    assert_error(response, status, needle)
+    assert client.post(V1, json={"instances": [ROW]}).status_code == 200
+
+
+def _binary_case(x: np.ndarray, declared: int | None, extra: bytes = b"") -> tuple[bytes, dict]:
+    content, headers = binary_request(x)
+    if declared is not None:
+        header = json.loads(content[: int(headers["Inference-Header-Content-Length"])])
+        header["inputs"][0]["parameters"]["binary_data_size"] = declared
+        text = json.dumps(header).encode()
+        content = text + x.astype("<f4").tobytes()
+        headers["Inference-Header-Content-Length"] = str(len(text))
+    return content + extra, headers
+
+
+@pytest.mark.parametrize(
+    ("declared", "extra", "header_length", "needle"),
+    [
+        (100, b"", None, "binary_data_size 100 does not match shape [2, 64] of FP32 (512 bytes)"),
+        (None, b"\x00" * 4, None, "4 bytes beyond the declared inputs"),
+        (None, b"", "99999", "outside the body's"),
+        (None, b"", "abc", "must be an integer"),
+    ],
+)
+def test_binary_payload_that_does_not_match_its_shape(
+    client, declared, extra, header_length, needle
+) -> None:
+    content, headers = _binary_case(DIGITS[:2], declared, extra)
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = header_length
+    assert_error(client.post(V2, content=content, headers=headers), 400, needle)
+
+
+def test_truncated_binary_payload(client) -> None:
+    content, headers = binary_request(DIGITS[:2])
+    assert_error(client.post(V2, content=content[:-8], headers=headers), 400, "binary data ends")
+
+
+def test_non_finite_binary_input(client) -> None:
+    x = DIGITS[:1].copy()
+    x[0, 3] = np.nan
+    content, headers = binary_request(x)
+    assert_error(client.post(V2, content=content, headers=headers), 400, "NaN or infinity")
+
+
+def test_body_above_the_limit_is_413(client) -> None:
+    big = b'{"instances": [' + b"0.5," * 300_000 + b"0.5]]}"
+    assert_error(client.post(V1, content=big), 413, "above the maximum of 1048576")
+
+
+def test_streamed_body_above_the_limit_is_413(client) -> None:
+    def chunks():  # no Content-Length: the limit applies as the body arrives
+        for _ in range(40):
+            yield b" " * 50_000
+
+    assert_error(client.post(V1, content=chunks()), 413, "above the maximum")
+
+
+def test_wrong_method_and_query_type(client) -> None:
+    assert_error(client.delete("/v1/models"), 405, "Method Not Allowed")
+    response = client.post("/v1/activations/gelu?derivative=maybe", json={"data": [1.0]})
+    assert_error(response, 400, "derivative")

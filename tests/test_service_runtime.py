@@ -1,0 +1,167 @@
+"""Start-up: settings, repository checks, execution providers; /metrics and /docs."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from export.repository import TensorSpec, config_pbtxt
+from service.app import create_app
+from service.errors import StartupError
+from service.model_config import ConfigParseError, TensorConfig, load_model_config
+from service.settings import Settings
+from tests.helpers import DIGITS
+
+HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GELU_PROVIDERS", "CUDA, cpu")
+    monkeypatch.setenv("GELU_STRICT_PROVIDERS", "true")
+    monkeypatch.setenv("GELU_MODEL_REPOSITORY", "/srv/models")
+    settings = Settings()
+    assert settings.providers == ["cuda", "cpu"]
+    assert settings.ort_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert settings.strict_providers and settings.model_repository == Path("/srv/models")
+    monkeypatch.setenv("GELU_PROVIDERS", "gpu")
+    with pytest.raises(ValidationError, match=r"unknown execution provider\(s\) \['gpu'\]"):
+        Settings()
+    monkeypatch.setenv("GELU_PROVIDERS", "cpu")
+    monkeypatch.setenv("GELU_MAX_BODY_BYTES", "-1")
+    with pytest.raises(ValidationError, match="max_body_bytes"):
+        Settings()
+
+
+def test_cuda_request_falls_back_to_cpu_and_says_so(settings_factory, caplog) -> None:
+    if HAS_CUDA:
+        pytest.skip("onnxruntime here has CUDA: no fallback to observe")
+    caplog.set_level(logging.WARNING, logger="gelu_serve")
+    with TestClient(create_app(settings_factory(providers=["cuda", "cpu"]))) as client:
+        summary = client.get("/v1/models/digits-mlp").json()
+        assert summary["providers"] == ["CPUExecutionProvider"]
+        metrics = client.get("/metrics").text
+        assert 'gelu_execution_provider{model="digits-mlp",provider="CPUExecutionProvider"' \
+               ',version="2"} 1.0' in metrics  # fmt: skip
+        assert "CUDAExecutionProvider" not in metrics
+        assert client.get("/v1/activations").json()["providers"] == ["CPUExecutionProvider"]
+    assert "CUDAExecutionProvider unavailable" in caplog.text
+    assert "running on CPUExecutionProvider" in caplog.text
+
+
+def test_strict_providers_refuse_to_start(settings_factory) -> None:
+    if HAS_CUDA:
+        pytest.skip("onnxruntime here has CUDA: nothing to refuse")
+    app = create_app(settings_factory(providers=["cuda", "cpu"], strict_providers=True))
+    with pytest.raises(StartupError, match="refusing to start"), TestClient(app):
+        pass
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu and a GPU")
+def test_cuda_provider_serves(settings_factory) -> None:
+    settings = settings_factory(providers=["cuda", "cpu"], strict_providers=True)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/models/digits-mlp").json()["providers"][0] == "CUDAExecutionProvider"
+        response = client.post(
+            "/v1/models/digits-mlp:predict", json={"instances": DIGITS[:4].tolist()}
+        )
+        assert response.status_code == 200
+
+
+def _start(repository: Path) -> None:
+    with TestClient(create_app(Settings(model_repository=repository))):
+        pass
+
+
+def test_missing_repository_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(StartupError, match="does not exist; build the defaults with `make models`"):
+        _start(tmp_path / "nowhere")
+
+
+def test_config_that_does_not_match_the_model(tmp_path: Path, model_repository: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "digits-mlp-tanh", repo / "digits-mlp-tanh")
+    config = repo / "digits-mlp-tanh" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 64 ]", "dims: [ 65 ]"))
+    with pytest.raises(
+        StartupError, match=r"input 'input' is FP32 \[64\] in model.onnx but FP32 \[65\]"
+    ):
+        _start(repo)
+    config.write_text("name: ")
+    with pytest.raises(StartupError, match=r"config\.pbtxt"):
+        _start(repo)
+
+
+def test_corrupt_model_file(tmp_path: Path, model_repository: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "digits-mlp-tanh", repo / "digits-mlp-tanh")
+    (repo / "digits-mlp-tanh" / "1" / "model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(StartupError, match="digits-mlp-tanh/1: onnxruntime cannot load it"):
+        _start(repo)
+
+
+def test_config_pbtxt_round_trip() -> None:
+    text = config_pbtxt(
+        "m", [TensorSpec("input", (1, 8, 8))], [TensorSpec("logits", (10,))], 64, 250
+    )
+    config = load_model_config(text)
+    assert config.name == "m" and config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size == 64 and config.max_queue_delay_us == 250
+    assert config.inputs == (TensorConfig("input", "FP32", (1, 8, 8)),)
+    assert config.outputs == (TensorConfig("logits", "FP32", (10,)),)
+
+
+def test_config_parser_handles_triton_syntax() -> None:
+    text = """
+    # a comment
+    name: "x" platform: "onnxruntime_onnx"
+    max_batch_size: 8
+    input: [ { name: "a", data_type: TYPE_FP32, dims: [ 3 ] } ]
+    input { name: "b" data_type: TYPE_INT64 dims: 2 dims: 2 }
+    output [ { name: "y" data_type: TYPE_FP16 dims: [ -1 ] } ]
+    instance_group [ { count: 2 kind: KIND_CPU } ]
+    """
+    config = load_model_config(text)
+    assert [t.name for t in config.inputs] == ["a", "b"]
+    assert config.inputs[1] == TensorConfig("b", "INT64", (2, 2))
+    assert config.outputs[0].dims == (-1,) and not config.dynamic_batching
+    for bad in ('name: "x', "input [ { name: 1 ", "{", 'name: "x" input { data_type: TYPE_X }'):
+        with pytest.raises(ConfigParseError):
+            load_model_config(bad)
+
+
+def test_metrics_count_requests_latency_and_batches(client) -> None:
+    client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:3].tolist()})
+    client.post("/v1/models/digits-mlp:predict", json={"instances": []})
+    text = client.get("/metrics").text
+    ok = 'gelu_requests_total{code="200",endpoint="/v1/models/{name}:predict",model="digits-mlp"}'
+    assert ok in text
+    assert 'gelu_request_failures_total{code="400",endpoint="/v1/models/{name}:predict"' in text
+    assert 'gelu_request_duration_seconds_bucket{endpoint="/v1/models/{name}:predict"' in text
+    assert "gelu_requests_in_flight 1.0" in text  # this very request
+    assert 'gelu_batch_size_bucket{le="4.0",model="digits-mlp"}' in text
+
+
+def test_openapi_documents_every_route(client) -> None:
+    spec = client.get("/openapi.json").json()
+    routes = {r.path for r in client.app.routes if hasattr(r, "methods")}
+    documented = set(spec["paths"])
+    assert routes - {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"} <= documented
+    predict = spec["paths"]["/v1/models/{name}:predict"]["post"]
+    schema = predict["requestBody"]["content"]["application/json"]["schema"]
+    assert "instances" in schema["properties"]
+    assert {"400", "404", "413"} <= set(predict["responses"])
+    infer = spec["paths"]["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
+    assert "application/octet-stream" in infer
+    assert client.get("/docs").status_code == 200
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`GELU_{name.upper()}`" in readme, name

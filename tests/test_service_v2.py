@@ -1,0 +1,109 @@
+"""The Open Inference Protocol routes, JSON and the binary tensor data extension."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tests.helpers import DIGITS, assert_error
+
+
+def binary_request(x: np.ndarray, outputs: list[dict] | None = None, **extra) -> tuple[bytes, dict]:
+    """A binary-extension body: JSON header, then the raw tensor."""
+    header: dict = {
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        **extra,
+    }  # fmt: skip
+    if outputs is not None:
+        header["outputs"] = outputs
+    text = json.dumps(header).encode()
+    return text + x.astype("<f4").tobytes(), {
+        "Inference-Header-Content-Length": str(len(text)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def split_binary(response) -> tuple[dict, bytes]:
+    length = int(response.headers["Inference-Header-Content-Length"])
+    return json.loads(response.content[:length]), response.content[length:]
+
+
+def test_server_metadata_and_health(client) -> None:
+    body = client.get("/v2").json()
+    assert body["name"] == "gelu-serve" and "binary_tensor_data" in body["extensions"]
+    assert client.get("/v2/health/live").json() == {"live": True}
+    assert client.get("/v2/health/ready").json() == {"ready": True}
+
+
+def test_model_metadata_and_readiness(client) -> None:
+    body = client.get("/v2/models/digits-mlp").json()
+    assert body == {
+        "name": "digits-mlp",
+        "versions": ["1", "2"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [
+            {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+            {"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]},
+        ],
+    }
+    assert client.get("/v2/models/digits-mlp/versions/1").json()["versions"] == ["1"]
+    assert client.get("/v2/models/digits-mlp/ready").status_code == 200
+    assert client.get("/v2/models/digits-mlp/versions/2/ready").json()["ready"] is True
+    assert_error(client.get("/v2/models/digits-mlp/versions/3/ready"), 404, "unknown version")
+    assert_error(client.get("/v2/models/nope"), 404, "unknown model 'nope'")
+    config = client.get("/v2/models/digits-mlp/config").json()
+    assert config["max_batch_size"] == 256 and config["input"][0]["dims"] == [64]
+
+
+def test_infer_json_flat_and_nested(client) -> None:
+    x = DIGITS[:4]
+    for data in (x.reshape(-1).tolist(), x.tolist()):
+        body = {"id": "r1", "inputs": [{"name": "input", "shape": [4, 64], "datatype": "FP32",
+                                        "data": data}]}  # fmt: skip
+        response = client.post("/v2/models/digits-mlp/infer", json=body)
+        assert response.status_code == 200, response.text
+        out = response.json()
+        assert out["model_name"] == "digits-mlp" and out["model_version"] == "2"
+        assert out["id"] == "r1"
+        by_name = {o["name"]: o for o in out["outputs"]}
+        assert by_name["probabilities"]["shape"] == [4, 10]
+        probs = np.asarray(by_name["probabilities"]["data"]).reshape(4, 10)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_infer_binary_in_and_out_matches_json(client) -> None:
+    x = DIGITS[:6]
+    json_body = {"inputs": [{"name": "input", "shape": [6, 64], "datatype": "FP32",
+                             "data": x.reshape(-1).tolist()}],
+                 "outputs": [{"name": "logits"}]}  # fmt: skip
+    want = client.post("/v2/models/digits-mlp/versions/1/infer", json=json_body).json()
+    want_logits = np.asarray(want["outputs"][0]["data"], dtype=np.float32).reshape(6, 10)
+
+    content, headers = binary_request(x, [{"name": "logits", "parameters": {"binary_data": True}}])
+    response = client.post("/v2/models/digits-mlp/versions/1/infer", content=content,
+                           headers=headers)  # fmt: skip
+    assert response.status_code == 200, response.text
+    header, blob = split_binary(response)
+    (entry,) = header["outputs"]
+    assert entry["name"] == "logits" and entry["parameters"]["binary_data_size"] == 240
+    got = np.frombuffer(blob, dtype="<f4").reshape(6, 10)
+    np.testing.assert_array_equal(got, want_logits)
+
+
+def test_binary_data_output_for_every_output(client) -> None:
+    content, headers = binary_request(DIGITS[:2], parameters={"binary_data_output": True})
+    header, blob = split_binary(
+        client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
+    )
+    assert [o["name"] for o in header["outputs"]] == ["logits", "probabilities"]
+    assert len(blob) == 2 * 2 * 10 * 4
+
+
+def test_binary_input_json_output(client) -> None:
+    content, headers = binary_request(DIGITS[:2], [{"name": "probabilities"}])
+    response = client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
+    assert response.headers["content-type"] == "application/json"
+    assert len(response.json()["outputs"][0]["data"]) == 20
