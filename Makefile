@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[train,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,train,dev]'
 	touch $@
 
 models: install
