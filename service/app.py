@@ -111,13 +111,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except StartupError as exc:
             logger.error("cannot start: %s", exc)
             raise
-        app.state.dataplane = DataPlane(settings, repository, evaluator, metrics)
+        dataplane = DataPlane(settings, repository, evaluator, metrics)
+        await dataplane.start()
+        app.state.dataplane = dataplane
         logger.info(
-            "ready: %d model version(s) from %s",
+            "ready: %d model version(s) from %s, %d batching",
             len(repository.all()),
             settings.model_repository,
+            len(dataplane.batchers),
         )
         yield
+        await dataplane.stop()
 
     app = FastAPI(
         title="gelu-serve",

@@ -12,6 +12,7 @@ import anyio.to_thread
 import numpy as np
 
 from service.activations import ACTIVATIONS, ActivationEvaluator
+from service.batching import Batcher
 from service.errors import NotFoundError, NotReadyError
 from service.metrics import Metrics
 from service.runtime import Model, ModelRepository
@@ -32,9 +33,31 @@ class DataPlane:
         self.repository = repository
         self.activations = activations
         self.metrics = metrics
+        self.batchers: dict[tuple[str, str], Batcher] = {}
         for model in repository.all():
             for provider in model.providers:
                 metrics.providers.labels(model.name, model.version, provider).set(1)
+
+    async def start(self) -> None:
+        """Start a batcher for every model version that batches; call on the event loop."""
+        settings = self.settings
+        for model in self.repository.all():
+            config = model.config
+            if not (settings.batching and config.dynamic_batching):
+                continue
+            delay = settings.max_queue_delay_us
+            if delay is None:
+                delay = config.max_queue_delay_us or 0
+            size = settings.batch_max_size or config.max_batch_size
+            batcher = Batcher(model, size, delay, self.metrics)
+            batcher.start()
+            self.batchers[model.name, model.version] = batcher
+
+    async def stop(self) -> None:
+        """Stop every batcher."""
+        for batcher in self.batchers.values():
+            await batcher.stop()
+        self.batchers.clear()
 
     @property
     def ready(self) -> bool:
@@ -54,7 +77,11 @@ class DataPlane:
     async def infer(
         self, model: Model, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
     ) -> dict[str, np.ndarray]:
-        """Run ``model`` in a worker thread (onnxruntime releases the GIL)."""
+        """Run ``model`` through its batcher, or alone in a worker thread (onnxruntime
+        releases the GIL)."""
+        batcher = self.batchers.get((model.name, model.version))
+        if batcher is not None:
+            return await batcher.infer(inputs, outputs)
         batch = len(next(iter(inputs.values())))
         self.metrics.batch_size.labels(model.name).observe(batch)
         return await anyio.to_thread.run_sync(model.infer, inputs, outputs)

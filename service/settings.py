@@ -55,6 +55,23 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest array accepted by the activation endpoint, in elements.",
     )
+    batching: bool = Field(
+        True,
+        description="Dynamic batching for models whose config.pbtxt has a dynamic_batching "
+        "block; false turns it off everywhere.",
+    )
+    batch_max_size: int | None = Field(
+        None,
+        gt=0,
+        description="Samples per batched run for every model; unset uses each config.pbtxt "
+        "max_batch_size.",
+    )
+    max_queue_delay_us: int | None = Field(
+        None,
+        ge=0,
+        description="How long a batch waits for more requests, in microseconds, for every "
+        "model; unset uses each config.pbtxt max_queue_delay_microseconds.",
+    )
     warmup_runs: int = Field(
         2, ge=0, description="Inference runs per model at start-up, before readiness turns true."
     )

@@ -1,0 +1,154 @@
+"""The dynamic batcher on a real onnxruntime model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.batching import Batcher
+from service.metrics import Metrics
+from service.runtime import Model, ModelRepository, session_options
+from tests.helpers import DIGITS
+
+
+@pytest.fixture(scope="module")
+def model(model_repository: Path) -> Model:
+    repository = ModelRepository.load(
+        model_repository, ["CPUExecutionProvider"], session_options(1, 1), False, 1
+    )
+    return repository.get("digits-mlp")
+
+
+class Recorder:
+    """Wraps a model's infer to record each run's batch size, and fail on demand."""
+
+    def __init__(self, model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        self.fail = False
+        real = model.infer
+
+        def infer(inputs, outputs=None):
+            self.sizes.append(len(inputs["input"]))
+            if self.fail:
+                raise RuntimeError("onnxruntime exploded")
+            return real(inputs, outputs)
+
+        monkeypatch.setattr(model, "infer", infer)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch) -> None:
+    direct = model.infer({"input": DIGITS[:10]})
+    recorder = Recorder(model, monkeypatch)
+    sizes = [1, 3, 2, 4]
+    offsets = np.cumsum([0, *sizes])
+
+    async def scenario():
+        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics())
+        batcher.start()
+        results = await asyncio.gather(*(
+            batcher.infer({"input": DIGITS[a:b]}, ["probabilities"])
+            for a, b in zip(offsets, offsets[1:], strict=False)
+        ))  # fmt: skip
+        await batcher.stop()
+        return results
+
+    results = run(scenario())
+    assert recorder.sizes == [10]  # one onnxruntime run for all four requests
+    for (a, b), result in zip(zip(offsets, offsets[1:], strict=False), results, strict=True):
+        assert list(result) == ["probabilities"]
+        np.testing.assert_allclose(result["probabilities"], direct["probabilities"][a:b], rtol=1e-6)
+
+
+def test_batches_respect_the_maximum_size(model, monkeypatch) -> None:
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = Batcher(model, max_batch_size=4, max_queue_delay_us=20_000, metrics=Metrics())
+        batcher.start()
+        await asyncio.gather(*(batcher.infer({"input": DIGITS[:3]}) for _ in range(3)))
+        # A request above the maximum runs alone instead of waiting forever.
+        await batcher.infer({"input": DIGITS[:9]})
+        await batcher.stop()
+
+    run(scenario())
+    assert recorder.sizes[:3] == [3, 3, 3] and recorder.sizes[3] == 9
+
+
+def test_a_failed_batch_fails_every_request_in_it(model, monkeypatch) -> None:
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=20_000, metrics=Metrics())
+        batcher.start()
+        recorder.fail = True
+        failed = await asyncio.gather(
+            *(batcher.infer({"input": DIGITS[:2]}) for _ in range(3)), return_exceptions=True
+        )
+        recorder.fail = False
+        after = await batcher.infer({"input": DIGITS[:2]})  # the batcher keeps serving
+        await batcher.stop()
+        return failed, after
+
+    failed, after = run(scenario())
+    assert recorder.sizes[0] == 6
+    assert all(isinstance(e, RuntimeError) and "exploded" in str(e) for e in failed)
+    assert after["logits"].shape == (2, 10)
+
+
+def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch) -> None:
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics())
+        batcher.start()
+        tasks = [asyncio.create_task(batcher.infer({"input": DIGITS[:n]})) for n in (1, 2, 4)]
+        await asyncio.sleep(0.005)  # queued, the batch still gathering
+        tasks[1].cancel()  # as when a client disconnects
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await batcher.stop()
+        return results
+
+    results = run(scenario())
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert results[0]["logits"].shape == (1, 10) and results[2]["logits"].shape == (4, 10)
+    assert recorder.sizes == [5]  # the departed request was never computed
+
+
+def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch) -> None:
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics())
+        batcher.start()
+        result = await asyncio.wait_for(batcher.infer({"input": DIGITS[:1]}), timeout=5)
+        await batcher.stop()
+        return result
+
+    assert run(scenario())["logits"].shape == (1, 10)
+    assert recorder.sizes == [1]
+
+
+def test_batching_through_the_app(settings_factory) -> None:
+    """Batching on and off give the same answers; /metrics shows batches and queue time."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    answers = []
+    for batching in (True, False):
+        with TestClient(create_app(settings_factory(batching=batching))) as client:
+            response = client.post(
+                "/v1/models/digits-mlp:predict", json={"instances": DIGITS[:5].tolist()}
+            )
+            answers.append([p["probabilities"] for p in response.json()["predictions"]])
+            metrics = client.get("/metrics").text
+            assert ('gelu_batch_queue_seconds_count{model="digits-mlp"}' in metrics) is batching
+            assert 'gelu_batch_size_count{model="digits-mlp"} 1.0' in metrics
+    np.testing.assert_allclose(answers[0], answers[1], rtol=1e-6)
