@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -54,14 +55,14 @@ def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch
         batcher.start()
         results = await asyncio.gather(*(
             batcher.infer({"input": DIGITS[a:b]}, ["probabilities"])
-            for a, b in zip(offsets, offsets[1:], strict=False)
+            for a, b in itertools.pairwise(offsets)
         ))  # fmt: skip
         await batcher.stop()
         return results
 
     results = run(scenario())
     assert recorder.sizes == [10]  # one onnxruntime run for all four requests
-    for (a, b), result in zip(zip(offsets, offsets[1:], strict=False), results, strict=True):
+    for (a, b), result in zip(itertools.pairwise(offsets), results, strict=True):
         assert list(result) == ["probabilities"]
         np.testing.assert_allclose(result["probabilities"], direct["probabilities"][a:b], rtol=1e-6)
 
