@@ -6,7 +6,7 @@ REPOSITORY ?= model_repository
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install models run serve test lint format typecheck pytest clean
+.PHONY: install tools models run serve test lint format typecheck pytest bench loadtest clean
 
 install: $(VENV)/.installed
 
@@ -15,8 +15,12 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,train,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,train,dev,bench]'
 	touch $@
+
+# wrk (Debian) drives the benchmark and its smoke test in `make test`.
+tools:
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
 
 models: install
 	$(BIN)/gelu-serve models --repository $(REPOSITORY)
@@ -37,10 +41,20 @@ format: install
 typecheck: install
 	$(BIN)/mypy .
 
-pytest: install
+pytest: install tools
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The benchmark: wrk against real servers, written to docs/benchmarks.{md,json,png}. The larger
+# model needs Fashion-MNIST (Debian's dataset-fashion-mnist), installed here when missing.
+bench: install tools
+	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || true
+	$(BIN)/gelu-serve bench --repository $(REPOSITORY)
+
+# A headless Locust run against a service already running on HOST:PORT (`make run`).
+loadtest: install
+	$(BIN)/locust -f bench/locustfile.py --headless --users 16 --spawn-rate 16 --run-time 30s --host http://$(HOST):$(PORT)
 
 clean:
 	rm -rf $(VENV) checkpoints .mypy_cache .ruff_cache .pytest_cache

@@ -104,11 +104,19 @@ def serve(args: argparse.Namespace) -> None:
     )
 
 
+def _bench_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], object]:
+    from bench import run
+
+    run.add_arguments(parser)
+    return run.report
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable[..., object]]]] = {
     "train": ("train a GELU network and write a checkpoint", _train_parser),
     "export": ("export a checkpoint to a validated ONNX model repository entry", _export_parser),
     "models": ("train and export the default models missing from the repository", _models_parser),
     "serve": ("serve the model repository over HTTP", _serve_parser),
+    "bench": ("benchmark the inference path against the HTTP and compute floors", _bench_parser),
 }
 
 

@@ -81,6 +81,25 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # labels() takes a lock and builds a key on each call; keep each label set's children.
+        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
+
+    def _observe(self, endpoint: str, model: str, status: int, seconds: float) -> None:
+        key = (endpoint, model, status)
+        children = self._children.get(key)
+        if children is None:
+            metrics, code = self.metrics, str(status)
+            children = (
+                metrics.requests.labels(endpoint, model, code),
+                metrics.failures.labels(endpoint, model, code) if status >= 400 else None,
+                metrics.latency.labels(endpoint, model),
+            )
+            self._children[key] = children
+        requests, failures, latency = children
+        requests.inc()
+        if failures is not None:
+            failures.inc()
+        latency.observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -105,8 +124,4 @@ class MetricsMiddleware:
             # A 404's name is the client's string: keep it out of the label set.
             path_params = scope.get("path_params", {}) if route and status != 404 else {}
             model = path_params.get("name", "")
-            code = str(status)
-            self.metrics.requests.labels(endpoint, model, code).inc()
-            if status >= 400:
-                self.metrics.failures.labels(endpoint, model, code).inc()
-            self.metrics.latency.labels(endpoint, model).observe(time.perf_counter() - start)
+            self._observe(endpoint, model, status, time.perf_counter() - start)

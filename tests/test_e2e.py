@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -145,3 +146,23 @@ def test_readme_curl_examples_work_as_written(server: int, tmp_path: Path) -> No
         assert result.stdout.splitlines()[-1] == "200", f"{command}: {result.stdout[-300:]}"
         assert not result.stderr, result.stderr
         shlex.split(command)  # each is a well-formed shell command
+
+
+def test_locust_headless_run_sees_no_failures(server: int, tmp_path: Path) -> None:
+    if importlib.util.find_spec("locust") is None:  # importing it here would monkey-patch pytest
+        pytest.skip("locust missing: the [bench] extra installs it")
+    result = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py"),
+         "--headless", "--users", "4", "--spawn-rate", "4", "--run-time", "3s",
+         "--host", f"http://127.0.0.1:{server}", "--csv", str(tmp_path / "run"), "--only-summary"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    stats = (tmp_path / "run_stats.csv").read_text().splitlines()
+    header = stats[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in stats[1:]]
+    total = next(r for r in rows if r["Name"] == "Aggregated")
+    assert int(total["Request Count"]) > 20 and int(total["Failure Count"]) == 0
+    names = {r["Name"] for r in rows}
+    assert {"/v1/models/[model]:predict", "/v2/models/[model]/infer binary",
+            "/v1/activations/gelu_tanh binary"} <= names  # fmt: skip

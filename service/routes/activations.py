@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from service import codecs
 from service.activations import ACTIVATIONS
-from service.routes import Plane
+from service.routes import get_plane
 from service.schemas import (
     ERROR_RESPONSES,
     ActivationList,
@@ -23,8 +23,9 @@ BINARY_BODY = (
 
 
 @router.get("/v1/activations", response_model=ActivationList)
-async def list_activations(plane: Plane) -> Response:
+async def list_activations(request: Request) -> Response:
     """The functions, their formulas and derivatives, and the providers evaluating them."""
+    plane = get_plane(request)
     listing = [
         {"name": a.name, "formula": a.formula, "derivative": a.derivative_formula}
         for a in ACTIVATIONS.values()
@@ -41,11 +42,11 @@ async def list_activations(plane: Plane) -> Response:
 async def evaluate(
     name: str,
     request: Request,
-    plane: Plane,
     derivative: bool = Query(False, description="evaluate the derivative instead"),
     shape: str | None = Query(None, description="binary bodies: the array's shape, e.g. 1000,1000"),
 ) -> Response:
     """Evaluate one activation (or its derivative) elementwise on an array of any shape."""
+    plane = get_plane(request)
     plane.check_activation(name)
     limit = plane.settings.max_activation_elements
     body = await request.body()

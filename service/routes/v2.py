@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
-from service.dataplane import tensor_metadata
+from service.dataplane import DataPlane, tensor_metadata
 from service.errors import NotReadyError
-from service.routes import Plane
+from service.routes import direct_post, get_plane
 from service.schemas import (
     ERROR_RESPONSES,
     InferenceRequest,
@@ -33,6 +33,43 @@ def _json(payload: object, status_code: int = 200) -> Response:
     return Response(codecs.dumps(payload), status_code=status_code, media_type="application/json")
 
 
+# The inference routes come first: routing tries routes in order, on every request.
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    plane = get_plane(request)
+    model = plane.model(name, version)
+    decoded = codecs.decode_v2(
+        await request.body(),
+        request.headers.get(codecs.HEADER_LENGTH),
+        model,
+        plane.max_batch(model),
+    )
+    results = await plane.infer(model, decoded.inputs, [n for n, _ in decoded.outputs])
+    body, headers = codecs.encode_v2(model, decoded, results)
+    return Response(body, headers=headers)
+
+
+@direct_post(
+    router,
+    "/v2/models/{name}/infer",
+    response_model=InferenceResponse,
+    openapi_extra=request_body(InferenceRequest, BINARY_BODY),
+)
+async def infer(name: str, request: Request) -> Response:
+    """Inference with the model's latest version: JSON, or JSON plus binary tensors."""
+    return await _infer(request, name, None)
+
+
+@direct_post(
+    router,
+    "/v2/models/{name}/versions/{version}/infer",
+    response_model=InferenceResponse,
+    openapi_extra=request_body(InferenceRequest, BINARY_BODY),
+)
+async def infer_version(name: str, version: str, request: Request) -> Response:
+    """Inference with one version of the model."""
+    return await _infer(request, name, version)
+
+
 @router.get("/v2", response_model=ServerMetadata)
 async def server_metadata() -> Response:
     """Server name, version and protocol extensions."""
@@ -50,13 +87,13 @@ async def live() -> Response:
     response_model=ReadyResponse,
     responses={503: {"model": ReadyResponse, "description": "not ready"}},
 )
-async def ready(plane: Plane) -> Response:
+async def ready(request: Request) -> Response:
     """200 when every model is loaded and warmed up, else 503."""
-    is_ready = plane.ready
+    is_ready = get_plane(request).ready
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
 
-def _metadata(plane: Plane, name: str, version: str | None) -> Response:
+def _metadata(plane: DataPlane, name: str, version: str | None) -> Response:
     model = plane.repository.get(name, version)
     return _json(
         {
@@ -70,18 +107,18 @@ def _metadata(plane: Plane, name: str, version: str | None) -> Response:
 
 
 @router.get("/v2/models/{name}", response_model=ModelMetadata)
-async def model_metadata(name: str, plane: Plane) -> Response:
+async def model_metadata(name: str, request: Request) -> Response:
     """A model's versions, platform and tensors."""
-    return _metadata(plane, name, None)
+    return _metadata(get_plane(request), name, None)
 
 
 @router.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata)
-async def model_version_metadata(name: str, version: str, plane: Plane) -> Response:
+async def model_version_metadata(name: str, version: str, request: Request) -> Response:
     """One version's platform and tensors."""
-    return _metadata(plane, name, version)
+    return _metadata(get_plane(request), name, version)
 
 
-def _model_ready(plane: Plane, name: str, version: str | None) -> Response:
+def _model_ready(plane: DataPlane, name: str, version: str | None) -> Response:
     model = plane.repository.get(name, version)
     if not model.ready:
         raise NotReadyError(f"model {name!r} version {model.version} is not ready")
@@ -89,18 +126,18 @@ def _model_ready(plane: Plane, name: str, version: str | None) -> Response:
 
 
 @router.get("/v2/models/{name}/ready", response_model=ModelReadyResponse)
-async def model_ready(name: str, plane: Plane) -> Response:
+async def model_ready(name: str, request: Request) -> Response:
     """200 when the model's latest version is ready."""
-    return _model_ready(plane, name, None)
+    return _model_ready(get_plane(request), name, None)
 
 
 @router.get("/v2/models/{name}/versions/{version}/ready", response_model=ModelReadyResponse)
-async def model_version_ready(name: str, version: str, plane: Plane) -> Response:
+async def model_version_ready(name: str, version: str, request: Request) -> Response:
     """200 when this version is ready."""
-    return _model_ready(plane, name, version)
+    return _model_ready(get_plane(request), name, version)
 
 
-def _config(plane: Plane, name: str, version: str | None) -> Response:
+def _config(plane: DataPlane, name: str, version: str | None) -> Response:
     config = plane.repository.get(name, version).config
     return _json(
         {
@@ -118,45 +155,12 @@ def _config(plane: Plane, name: str, version: str | None) -> Response:
 
 
 @router.get("/v2/models/{name}/config")
-async def model_config(name: str, plane: Plane) -> Response:
+async def model_config(name: str, request: Request) -> Response:
     """The model's config.pbtxt as JSON (Triton's model configuration extension)."""
-    return _config(plane, name, None)
+    return _config(get_plane(request), name, None)
 
 
 @router.get("/v2/models/{name}/versions/{version}/config")
-async def model_version_config(name: str, version: str, plane: Plane) -> Response:
+async def model_version_config(name: str, version: str, request: Request) -> Response:
     """The config.pbtxt as JSON, for one version."""
-    return _config(plane, name, version)
-
-
-async def _infer(request: Request, plane: Plane, name: str, version: str | None) -> Response:
-    model = plane.model(name, version)
-    decoded = codecs.decode_v2(
-        await request.body(),
-        request.headers.get(codecs.HEADER_LENGTH),
-        model,
-        plane.max_batch(model),
-    )
-    results = await plane.infer(model, decoded.inputs, [n for n, _ in decoded.outputs])
-    body, headers = codecs.encode_v2(model, decoded, results)
-    return Response(body, headers=headers)
-
-
-@router.post(
-    "/v2/models/{name}/infer",
-    response_model=InferenceResponse,
-    openapi_extra=request_body(InferenceRequest, BINARY_BODY),
-)
-async def infer(name: str, request: Request, plane: Plane) -> Response:
-    """Inference with the model's latest version: JSON, or JSON plus binary tensors."""
-    return await _infer(request, plane, name, None)
-
-
-@router.post(
-    "/v2/models/{name}/versions/{version}/infer",
-    response_model=InferenceResponse,
-    openapi_extra=request_body(InferenceRequest, BINARY_BODY),
-)
-async def infer_version(name: str, version: str, request: Request, plane: Plane) -> Response:
-    """Inference with one version of the model."""
-    return await _infer(request, plane, name, version)
+    return _config(get_plane(request), name, version)

@@ -1,0 +1,1 @@
+"""Load tests and benchmarks of the inference path (``make bench``, ``bench/locustfile.py``)."""

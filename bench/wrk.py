@@ -1,0 +1,77 @@
+"""Drive one endpoint with wrk (a C load generator, pinned to its own core) and read its
+figures back as JSON from a Lua ``done`` hook."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCRIPT = """
+wrk.method = "POST"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*all")
+f:close()
+{headers}
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nWRKJSON {{"requests":%d,"duration_us":%d,"bytes":%d,"status_errors":%d,'
+    .. '"socket_errors":%d,"p50_us":%d,"p99_us":%d,"max_us":%d}}\\n',
+    summary.requests, summary.duration, summary.bytes, e.status,
+    e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99), latency.max))
+end
+"""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every request of a run sends."""
+
+    path: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def run_wrk(
+    base_url: str, request: Request, connections: int, seconds: float, cpu: int | None
+) -> dict[str, Any]:
+    """requests/s, p50 and p99 in ms, and errors (non-2xx or socket) for one wrk run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body = Path(tmp) / "body"
+        body.write_bytes(request.body)
+        headers = "\n".join(
+            f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in request.headers.items()
+        )
+        script = Path(tmp) / "script.lua"
+        script.write_text(_SCRIPT.format(body=body, headers=headers))
+        command = [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            base_url + request.path,
+        ]
+        if cpu is not None:
+            command = ["taskset", "-c", str(cpu), *command]
+        output = subprocess.run(
+            command, capture_output=True, text=True, timeout=seconds + 60, check=True
+        ).stdout
+    line = next(x for x in output.splitlines() if x.startswith("WRKJSON "))
+    raw = json.loads(line.removeprefix("WRKJSON "))
+    seconds_run = raw["duration_us"] / 1e6
+    return {
+        "requests": raw["requests"],
+        "rps": raw["requests"] / seconds_run,
+        "p50_ms": raw["p50_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000,
+        "errors": raw["status_errors"] + raw["socket_errors"],
+    }
