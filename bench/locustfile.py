@@ -350,7 +350,7 @@ class InferenceUser(FastHttpUser):
         body, headers = _binary_infer_body(random.choice(DIGITS))
         with self.client.post(
             f"/v2/models/{MODEL}/infer",
-            data=body,
+            data=body,  # type: ignore[arg-type]  # bytes are sent as they are
             headers=headers,
             name="/v2/models/[model]/infer binary",
             catch_response=True,
@@ -375,7 +375,7 @@ class InferenceUser(FastHttpUser):
     def activation_binary(self) -> None:
         with self.client.post(
             "/v1/activations/gelu_tanh?derivative=true",
-            data=ACTIVATION_BODY,
+            data=ACTIVATION_BODY,  # type: ignore[arg-type]  # bytes are sent as they are
             headers={"Content-Type": "application/octet-stream"},
             name="/v1/activations/gelu_tanh binary",
             catch_response=True,
