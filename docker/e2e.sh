@@ -82,7 +82,7 @@ if ! timeout 60 docker pull -q "$BASE_IMAGE" >/dev/null 2>&1; then
         tar -C "$CACHE/rootfs" -cf "$CACHE/rootfs.tar" .
         rm -rf "$CACHE/rootfs"
     fi
-    docker import -q "$CACHE/rootfs.tar" "$BASE_IMAGE" >/dev/null
+    docker import "$CACHE/rootfs.tar" "$BASE_IMAGE" >/dev/null
 fi
 
 log "4. build from the Dockerfile, offline, from ./wheels"

@@ -11,7 +11,7 @@ python=${PYTHON:-python3}
 extras=${EXTRAS:-cpu,train}
 # shellcheck disable=SC2086
 "$python" -m pip download --quiet --dest "$dest" ${PIP_DOWNLOAD_ARGS:-} \
-    ".[${extras}]" "locust>=2.20" setuptools wheel
+    ".[${extras}]" "locust>=2.20" setuptools wheel 2> >(grep -v "^WARNING: Location" >&2)
 # pip saves the project itself too; the images build it from source.
 rm -f "$dest"/gelu[-_]serve-*
 echo "$(find "$dest" -name '*.whl' | wc -l) wheels in $dest ($(du -sh "$dest" | cut -f1))"
