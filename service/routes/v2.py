@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
 from service.dataplane import DataPlane, tensor_metadata
-from service.errors import NotReadyError
 from service.routes import direct_post, get_plane
 from service.schemas import (
     ERROR_RESPONSES,
@@ -119,9 +118,7 @@ async def model_version_metadata(name: str, version: str, request: Request) -> R
 
 
 def _model_ready(plane: DataPlane, name: str, version: str | None) -> Response:
-    model = plane.repository.get(name, version)
-    if not model.ready:
-        raise NotReadyError(f"model {name!r} version {model.version} is not ready")
+    plane.model(name, version)  # 404 unknown, 503 not ready
     return _json({"name": name, "ready": True})
 
 
