@@ -7,8 +7,11 @@ install (no torch) and ``--help`` is instant.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +96,11 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     workers = args.workers or int(os.environ.get("GELU_WORKERS", "1"))
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Each worker writes its samples here and /metrics sums them, whichever worker answers.
+        directory = tempfile.mkdtemp(prefix="gelu-serve-metrics-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
     uvicorn.run(
         "service.app:create_app",
         factory=True,

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -46,13 +48,14 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60) -> Non
     raise TimeoutError("server not ready")
 
 
-@pytest.fixture(scope="module")
-def server(model_repository: Path) -> Iterator[int]:
+@contextmanager
+def serving(model_repository: Path, *args: str) -> Iterator[int]:
     """``gelu-serve serve`` in its own process, stopped with SIGTERM."""
     port = free_port()
     env = {**os.environ, "GELU_MODEL_REPOSITORY": str(model_repository), "GELU_WARMUP_RUNS": "1"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -66,6 +69,36 @@ def server(model_repository: Path) -> Iterator[int]:
         assert process.returncode in (0, -signal.SIGTERM), output
         assert "Application shutdown complete" in output, output
         assert "Traceback" not in output, output
+
+
+@pytest.fixture(scope="module")
+def server(model_repository: Path) -> Iterator[int]:
+    with serving(model_repository) as port:
+        yield port
+
+
+def test_metrics_add_up_across_worker_processes(model_repository: Path) -> None:
+    body = json.dumps({"instances": DIGITS[:1].tolist()})
+
+    def predict(_: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/v1/models/digits-mlp:predict", body=body)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    with serving(model_repository, "--workers", "2") as port:
+        # Many connections at once, so that both workers accept some of them.
+        with ThreadPoolExecutor(16) as pool:
+            assert set(pool.map(predict, range(200))) == {200}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    line = next(
+        x for x in text.splitlines()
+        if x.startswith("gelu_requests_total{") and 'endpoint="/v1/models/{name}:predict"' in x
+    )  # fmt: skip
+    assert float(line.rsplit(" ", 1)[1]) == 200.0, line
 
 
 def test_tritonclient_json_and_binary(server: int) -> None:
