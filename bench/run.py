@@ -39,7 +39,7 @@ LARGE_TRAIN_ARGS = (
     "--arch",
     "mlp",
     "--hidden",
-    "1024,1024,1024",
+    "2048,2048,2048",
     "--epochs",
     "2",
     "--batch-size",
@@ -320,40 +320,45 @@ def run(args: argparse.Namespace) -> Results:
         "GELU_MAX_BODY_BYTES": str(64 << 20),
     }
 
-    def drive(base_url: str, scenario: str, request: Request) -> None:
+    floor = Request("/floor", small["v1"].body, small["v1"].headers)
+    service = "service.app:create_app"
+    ready = "/v2/health/ready"
+    on_env = {**base_env, "GELU_BATCHING": "true"}
+    off_env = {**base_env, "GELU_BATCHING": "false"}
+    # All three servers run at once (idle when not driven), and at each concurrency every
+    # scenario is driven back to back: the ratios compare runs taken within a minute.
+    with (
+        server("bench.floor:create_app", {}, args.workers, args.server_cpus, "/docs") as floor_url,
+        server(service, on_env, args.workers, args.server_cpus, ready) as on_url,
+        server(service, off_env, args.workers, args.server_cpus, ready) as off_url,
+    ):
+        scenarios = [("http floor", floor_url, floor)]
+        scenarios += [(f"{k} predict, batching on", on_url, small[k]) for k in small]
+        scenarios += [(f"{k} predict, batching off", off_url, small[k]) for k in ("v1", "v2-json")]
+        if not args.smoke:
+            scenarios += [
+                (f"{large} v2-binary, batching on", on_url, big["v2-binary"]),
+                (f"{large} v2-binary, batching off", off_url, big["v2-binary"]),
+            ]
         for c in concurrencies:
-            row = run_wrk(base_url, request, c, args.seconds, args.client_cpu)
-            row.update(scenario=scenario, concurrency=c)
-            results.http.append(row)
+            for scenario, url, request in scenarios:
+                row = run_wrk(url, request, c, args.seconds, args.client_cpu)
+                row.update(scenario=scenario, concurrency=c)
+                results.http.append(row)
+                print(
+                    f"{scenario:40s} c={c:<3d} {row['rps']:7.0f} req/s  p50 {row['p50_ms']:6.2f} "
+                    f"ms  p99 {row['p99_ms']:6.2f} ms  errors {row['errors']}",
+                    flush=True,
+                )
+        results.activations = activation_throughput(on_url, args.seconds, args.activation_values)
+        for row in results.activations:
             print(
-                f"{scenario:28s} c={c:<3d} {row['rps']:9.0f} req/s  p50 {row['p50_ms']:7.2f} ms"
-                f"  p99 {row['p99_ms']:7.2f} ms  errors {row['errors']}",
+                f"activation gelu {row['format']:6s} {row['input_mb_per_s']:8.1f} MB/s "
+                f"of float32 input, errors {row['errors']}",
                 flush=True,
             )
-
-    floor = Request("/floor", small["v1"].body, small["v1"].headers)
-    with server("bench.floor:create_app", {}, args.workers, args.server_cpus, "/docs") as url:
-        drive(url, "http floor", floor)
-    for batching in (True, False):
-        env = {**base_env, "GELU_BATCHING": str(batching).lower()}
-        label = "batching on" if batching else "batching off"
-        with server(
-            "service.app:create_app", env, args.workers, args.server_cpus, "/v2/health/ready"
-        ) as url:
-            for kind in ("v1", "v2-json", "v2-binary") if batching else ("v1", "v2-json"):
-                drive(url, f"{kind} predict, {label}", small[kind])
-            if not args.smoke:
-                drive(url, f"{large} v2-binary, {label}", big["v2-binary"])
-            if batching:
-                results.activations = activation_throughput(
-                    url, args.seconds, args.activation_values
-                )
-                for row in results.activations:
-                    print(
-                        f"activation gelu {row['format']:6s} {row['input_mb_per_s']:8.1f} MB/s "
-                        f"of float32 input, errors {row['errors']}",
-                        flush=True,
-                    )
+    order = {name: i for i, (name, _, _) in enumerate(scenarios)}
+    results.http.sort(key=lambda r: (order[r["scenario"]], r["concurrency"]))
     results.compute = compute_floor(repository / "digits-mlp" / "1" / "model.onnx", args.seconds)
     results.environment["large_model"] = large
     return results
@@ -426,8 +431,9 @@ def write_report(results: Results, out: Path) -> None:
         f"- servers: {env['workers']} uvicorn process(es) on CPU(s) {env['server_cpus']}; "
         f"wrk (1 thread) and the activation client on CPU {env['client_cpu']}; "
         f"{env['seconds_per_run']} s per run",
-        "- the machine is shared and noisy: absolute figures move between runs; the ratios "
-        "below are taken within this one run",
+        "- the machine is shared and noisy: absolute figures move between runs. The floor and "
+        "the service with batching on and off run side by side, and at each concurrency every "
+        "scenario is driven back to back, so each ratio compares runs about a minute apart",
         "",
         "## Targets",
         "",
