@@ -15,6 +15,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from service import __version__, codecs
 from service.activations import ActivationEvaluator
@@ -82,6 +83,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         status, message = 400, f"{where}: {first.get('msg', 'invalid')}"
     elif isinstance(exc, HTTPException):
         status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
+        status, message = 400, "client disconnected before the body was complete"
     else:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         status, message = 500, "internal server error"
@@ -144,7 +147,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Prometheus text format: requests, failures, latency, in-flight, providers, batches."""
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    for exc_class in (ServiceError, RequestValidationError, HTTPException, Exception):
+    for exc_class in (
+        ServiceError,
+        RequestValidationError,
+        HTTPException,
+        ClientDisconnect,
+        Exception,
+    ):
         app.add_exception_handler(exc_class, handle_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -152,6 +152,18 @@ def test_raw_http_requests(server: int) -> None:
     assert abs(float(y[-1]) - 5.0 * 0.9999997133) < 1e-5
 
 
+def test_client_that_hangs_up_mid_body_costs_nothing(server: int) -> None:
+    for path in ("/v1/models/digits-mlp:predict", "/v2/models/digits-mlp/infer"):
+        with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                'Content-Length: 100000\r\n\r\n{"instances": [[0.1, 0.2'.encode()
+            )
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+    conn.request("GET", "/v2/health/ready")
+    assert conn.getresponse().status == 200  # and the fixture finds no traceback in the log
+
+
 def readme_curl_commands() -> list[str]:
     """Every ``curl`` command in the README's code blocks, joined across line continuations."""
     text = (ROOT / "README.md").read_text()
