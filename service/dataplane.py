@@ -72,7 +72,7 @@ class DataPlane:
 
     def max_batch(self, model: Model) -> int:
         """The largest batch one request may carry for ``model``."""
-        return self.settings.max_batch_size or model.config.max_batch_size
+        return self.settings.max_request_batch or model.config.max_batch_size
 
     async def infer(
         self, model: Model, inputs: dict[str, np.ndarray], outputs: list[str] | None = None

@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         64 * MIB, gt=0, description="Largest request body accepted; larger ones get 413."
     )
-    max_batch_size: int = Field(
+    max_request_batch: int = Field(
         0,
         ge=0,
         description="Largest batch per request; 0 uses each model's config.pbtxt max_batch_size.",

@@ -132,3 +132,17 @@ def test_wrong_method_and_query_type(client) -> None:
     assert_error(client.delete("/v1/models"), 405, "Method Not Allowed")
     response = client.post("/v1/activations/gelu?derivative=maybe", json={"data": [1.0]})
     assert_error(response, 400, "derivative")
+
+
+def test_request_batch_limit_from_settings(settings_factory) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    with TestClient(create_app(settings_factory(max_request_batch=4))) as limited:
+        assert limited.get("/v1/models/digits-mlp").json()["max_batch_size"] == 4
+        ok = limited.post(V1, json={"instances": [ROW] * 4})
+        assert ok.status_code == 200
+        assert_error(limited.post(V1, json={"instances": [ROW] * 5}), 413, "maximum of 4")
+        assert_error(limited.post(V2, json=v2_body(shape=[5, 64], data=ROW * 5)), 413,
+                     "maximum of 4")  # fmt: skip
