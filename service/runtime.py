@@ -85,18 +85,16 @@ class Model:
     metadata: dict[str, str]
     ready: bool = False
     output_names: list[str] = field(init=False)
+    # Parsed once here: V1 needs the labels on every classifier prediction.
+    label_names: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
+        self.label_names = json.loads(self.metadata.get("label_names", "[]"))
 
     @property
     def task(self) -> str:
         return self.metadata.get("task", "")
-
-    @property
-    def label_names(self) -> list[str]:
-        names: list[str] = json.loads(self.metadata.get("label_names", "[]"))
-        return names
 
     @property
     def inputs(self) -> tuple[TensorConfig, ...]:
