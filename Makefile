@@ -6,7 +6,7 @@ REPOSITORY ?= model_repository
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install tools models run serve test lint format typecheck pytest bench loadtest clean
+.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench loadtest clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,10 @@ pytest: install tools
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The tests without real servers, full-size training, Docker or benchmarks: well under a minute.
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
 
 # The benchmark: wrk against real servers, written to docs/benchmarks.{md,json,png}. The larger
 # model needs Fashion-MNIST (Debian's dataset-fashion-mnist), installed here when missing.

@@ -32,19 +32,6 @@ import numpy as np
 from bench.wrk import Request, run_wrk
 
 ROOT = Path(__file__).resolve().parents[1]
-LARGE_MODEL = "fashion-mlp-wide"
-LARGE_TRAIN_ARGS = (
-    "--dataset",
-    "fashion-mnist",
-    "--arch",
-    "mlp",
-    "--hidden",
-    "2048,2048,2048",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "128",
-)
 ACTIVATION_VALUES = 1_000_000
 
 # Targets from issue 4, as ratios within one run.
@@ -229,55 +216,19 @@ def activation_throughput(base_url: str, seconds: float, values: int) -> list[di
 
 def ensure_models(repository: Path, large: bool) -> str:
     """Build the defaults (and the large model when its data is here); returns the large one."""
-    from cli import build_default_models
-
-    build_default_models(
-        argparse.Namespace(repository=repository, checkpoints=ROOT / "checkpoints", quick=False)
-    )
-    if not large:
-        return "digits-autoencoder"
-    from export.repository import existing_versions
+    from export.defaults import BENCH_MODEL, DEFAULT_MODELS, DefaultModel, build
     from models.data import FASHION_MNIST_DIR
 
-    if not FASHION_MNIST_DIR.is_dir():
+    models: tuple[DefaultModel, ...] = DEFAULT_MODELS
+    if large and not FASHION_MNIST_DIR.is_dir():
         print(
             f"{FASHION_MNIST_DIR} missing: the autoencoder stands in for the larger model "
             "(install Debian's dataset-fashion-mnist for the real one)"
         )
-        return "digits-autoencoder"
-    if not existing_versions(repository / LARGE_MODEL):
-        checkpoint = ROOT / "checkpoints" / f"{LARGE_MODEL}.pt"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cli",
-                "train",
-                *LARGE_TRAIN_ARGS,
-                "--no-progress",
-                "--overwrite",
-                "--out",
-                str(checkpoint),
-            ],
-            cwd=ROOT,
-            check=True,
-        )
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cli",
-                "export",
-                str(checkpoint),
-                "--name",
-                LARGE_MODEL,
-                "--repository",
-                str(repository),
-            ],
-            cwd=ROOT,
-            check=True,
-        )
-    return LARGE_MODEL
+    elif large:
+        models = (*DEFAULT_MODELS, BENCH_MODEL)
+    build(repository, ROOT / "checkpoints", models)
+    return BENCH_MODEL.name if BENCH_MODEL in models else "digits-autoencoder"
 
 
 def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -313,7 +264,7 @@ def run(args: argparse.Namespace) -> Results:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     x = sample_inputs(64)
     small = requests_for("digits-mlp", x)
-    big = requests_for(large, sample_inputs(784 if large == LARGE_MODEL else 64))
+    big = requests_for(large, sample_inputs(64 if large == "digits-autoencoder" else 784))
     base_env = {
         "GELU_MODEL_REPOSITORY": str(repository),
         "GELU_LOG_LEVEL": "warning",

@@ -10,7 +10,8 @@
 #      the published port and check the answers; check it is non-root, torch-free and stops
 #      cleanly on SIGTERM;
 #   6. run docker-compose's loadtest profile (bounded Locust run), require zero failures;
-#   7. tear down what it started: containers, networks, volumes, dockerd (by pid), its bridge.
+#   7. tear down what it started: containers, networks, volumes, dockerd (by pid), its bridge,
+#      and the firewall chains, rules and tables dockerd added (checked against a snapshot).
 # Usage: docker/e2e.sh        (as root; GELU_DOCKER_WORK sets the scratch directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,37 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 
 export DOCKER_HOST=unix://$RUN/docker.sock DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 
+# dockerd adds firewall chains and rules, and on the nf_tables backend whole tables: record the
+# firewall before it starts, and put exactly that back at teardown.
+normalise() { sed -e '/^#/d' -e 's/ \[[0-9]*:[0-9]*\]$//'; }  # no comments or counters
+firewall_save() {
+    for family in ip ip6; do
+        command -v "${family}tables-save" >/dev/null && "${family}tables-save" >"$RUN/$family.before"
+    done
+    return 0
+}
+firewall_restore() {
+    for family in ip ip6; do
+        before=$RUN/$family.before
+        [ -f "$before" ] || continue
+        for table in $("${family}tables-save" | sed -n 's/^\*//p'); do
+            if grep -qx "\*$table" "$before"; then
+                sed -n "/^\*$table\$/,/^COMMIT\$/p" "$before" | "${family}tables-restore"
+            elif "${family}tables" --version | grep -q nf_tables; then
+                nft delete table "$family" "$table"
+            else
+                "${family}tables" -t "$table" -F && "${family}tables" -t "$table" -X
+            fi
+        done
+        if [ "$("${family}tables-save" | normalise)" != "$(normalise <"$before")" ]; then
+            echo "${family}tables differ from before dockerd started:"
+            "${family}tables-save"
+            return 1
+        fi
+    done
+    echo "firewall: as before dockerd started"
+}
+
 teardown() {
     status=$?
     log "teardown"
@@ -44,6 +76,7 @@ teardown() {
         for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
         kill -9 "$pid" 2>/dev/null || true
     fi
+    firewall_restore || status=1
     ip link delete docker0 >/dev/null 2>&1 || true
     # Unmount what dockerd left mounted under its roots before removing them.
     grep -o " $RUN[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
@@ -57,6 +90,7 @@ missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v nft >/dev/null || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -66,6 +100,7 @@ docker-compose version --short
 log "2. a private dockerd"
 rm -rf "$RUN"
 mkdir -p "$RUN" "$CACHE"
+firewall_save
 dockerd --data-root "$RUN/data" --exec-root "$RUN/exec" -H "$DOCKER_HOST" \
     --pidfile "$RUN/dockerd.pid" >"$RUN/dockerd.log" 2>&1 &
 for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done

@@ -26,6 +26,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from export.arguments import DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_DELAY_US
 from export.repository import TensorSpec, config_pbtxt, write_version
 from models.activations import count_gelu_layers
 from models.networks import ModelConfig
@@ -37,8 +38,6 @@ CLASSIFIER_OUTPUTS = ("logits", "probabilities")
 AUTOENCODER_OUTPUTS = ("reconstruction",)
 PARITY_ATOL = 1e-5
 PARITY_BATCHES = (1, 7, 256)
-DEFAULT_MAX_BATCH_SIZE = 256
-DEFAULT_QUEUE_DELAY_US = 0  # Triton's default; under load, batches form while one runs
 # Ops that betray a GELU decomposed into elementary ops instead of one native Gelu node.
 DECOMPOSED_GELU_OPS = frozenset({"Erf", "Tanh"})
 
@@ -183,6 +182,7 @@ def export_checkpoint(
                 "arch": config.arch,
                 "activation": config.activation,
                 "task": config.task,
+                "model_config": json.dumps(config.to_dict()),
                 "label_names": json.dumps(list(config.label_names)),
                 "input_normalisation": json.dumps(config.normalisation),
                 "metrics": json.dumps(payload.get("metrics", {})),
@@ -197,31 +197,6 @@ def export_checkpoint(
     onnx_path = write_version(repository, name, version, config_text, write_model)
     print(f"wrote {onnx_path}: validated, max |onnxruntime - torch| = {parity[0]:.2e}")
     return onnx_path
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``export`` subcommand's options."""
-    parser.add_argument("checkpoint", type=Path, help="checkpoint written by `train`")
-    parser.add_argument("--name", required=True, help="model name in the repository")
-    parser.add_argument(
-        "--repository", type=Path, default=Path("model_repository"), help="model repository root"
-    )
-    parser.add_argument(
-        "--version", type=int, default=None, help="version number (default: next free one)"
-    )
-    parser.add_argument(
-        "--max-batch-size",
-        type=int,
-        default=DEFAULT_MAX_BATCH_SIZE,
-        help=f"config.pbtxt max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})",
-    )
-    parser.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=DEFAULT_QUEUE_DELAY_US,
-        help="config.pbtxt dynamic_batching max_queue_delay_microseconds "
-        f"(default: {DEFAULT_QUEUE_DELAY_US})",
-    )
 
 
 def run(args: argparse.Namespace) -> Path:

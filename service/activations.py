@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from service.runtime import create_session
+from service.runtime import SessionFactory
 
 OPSET = 20
 IR_VERSION = 10  # onnx's default IR is newer than onnxruntime 1.31 accepts
@@ -190,14 +190,14 @@ def build_graph(activation: Activation, derivative: bool) -> onnx.ModelProto:
 class ActivationEvaluator:
     """One onnxruntime session per activation and per derivative, built at start-up."""
 
-    def __init__(self, providers: list[str], options: ort.SessionOptions, strict: bool) -> None:
+    def __init__(self, sessions: SessionFactory) -> None:
         self.sessions: dict[tuple[str, bool], ort.InferenceSession] = {}
         self.providers: list[str] = []
         for name, activation in ACTIVATIONS.items():
             for derivative in (False, True):
                 graph = build_graph(activation, derivative).SerializeToString()
                 label = f"activation {name}{' derivative' if derivative else ''}"
-                session, self.providers = create_session(graph, label, providers, options, strict)
+                session, self.providers = sessions.create(graph, label)
                 self.sessions[name, derivative] = session
         self.evaluate("gelu", np.zeros(8, np.float32))  # warm-up
 

@@ -22,9 +22,10 @@ from service.activations import ActivationEvaluator
 from service.dataplane import DataPlane
 from service.errors import PayloadTooLargeError, ServiceError, StartupError
 from service.metrics import ASGIApp, Message, Metrics, MetricsMiddleware, Receive, Scope, Send
+from service.openapi import add_openapi
 from service.routes import activations, v1, v2
-from service.runtime import ModelRepository, session_options
-from service.settings import Settings
+from service.runtime import ModelRepository, SessionFactory, session_options
+from service.settings import Settings, load_settings
 
 logger = logging.getLogger("gelu_serve")
 
@@ -62,6 +63,41 @@ class BodyLimitMiddleware:
         )
 
 
+class StartupRefusal:
+    """A start-up refusal is one log line, not a traceback (pure ASGI, lifespan scope only).
+
+    Starlette answers a failed lifespan with the exception's full traceback, which uvicorn logs.
+    The lifespan has already logged a ``StartupError`` as one line naming what is at fault, so
+    uvicorn is told only that start-up failed; any other exception keeps its traceback.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        failed: Message | None = None
+
+        async def hold_failure(message: Message) -> None:
+            nonlocal failed
+            if message["type"] == "lifespan.startup.failed":
+                failed = message  # sent below, once we know which exception it was
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except StartupError:
+            await send({"type": "lifespan.startup.failed", "message": ""})
+            raise
+        except BaseException:
+            if failed is not None:
+                await send(failed)
+            raise
+
+
 def _error_body(message: str) -> bytes:
     return codecs.dumps({"error": message})
 
@@ -93,27 +129,23 @@ async def handle_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; its lifespan loads the repository named by ``settings``."""
-    settings = settings or Settings()
+    settings = settings or load_settings()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.setLevel(settings.log_level.upper())
-    metrics = Metrics()
+    metrics = Metrics(multiprocess=settings.prometheus_multiproc_dir is not None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         options = session_options(settings.intra_op_threads, settings.inter_op_threads)
-        providers, strict = settings.ort_providers, settings.strict_providers
+        sessions = SessionFactory(settings.ort_providers, options, settings.strict_providers)
         try:
             repository = await anyio.to_thread.run_sync(
-                ModelRepository.load,
-                settings.model_repository,
-                providers,
-                options,
-                strict,
-                settings.warmup_runs,
+                ModelRepository.load, settings.model_repository, sessions, settings.warmup_runs
             )
-            evaluator = ActivationEvaluator(providers, options, strict)
+            evaluator = ActivationEvaluator(sessions)
         except StartupError as exc:
-            logger.error("cannot start: %s", exc)
+            # One line names what is at fault; the traceback only helps at debug level.
+            logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
             raise
         dataplane = DataPlane(settings, repository, evaluator, metrics)
         await dataplane.start()
@@ -137,12 +169,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="GELU networks served by onnxruntime: KServe V1 predictions, the Open "
         "Inference Protocol (V2) and raw activation evaluation.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    add_openapi(app)
     app.include_router(v1.router)
     app.include_router(v2.router)
     app.include_router(activations.router)
 
-    @app.get("/metrics", tags=["Operations"], response_class=Response)
+    @app.get(
+        "/metrics",
+        tags=["Operations"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus_metrics() -> Response:
         """Prometheus text format: requests, failures, latency, in-flight, providers, batches."""
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
@@ -157,4 +197,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_exception_handler(exc_class, handle_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(StartupRefusal)
     return app

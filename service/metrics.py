@@ -6,7 +6,6 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -33,9 +32,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 class Metrics:
     """Every metric the service exports."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        # prometheus_client itself reads PROMETHEUS_MULTIPROC_DIR; Settings reads it for us.
+        self.multiprocess = multiprocess
         registry = self.registry
         self.requests = Counter(
             "gelu_requests", "HTTP requests answered", ["endpoint", "model", "code"],

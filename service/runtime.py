@@ -44,33 +44,52 @@ def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.Session
     return options
 
 
-def create_session(
-    source: str | bytes, label: str, providers: list[str], options: ort.SessionOptions, strict: bool
-) -> tuple[ort.InferenceSession, list[str]]:
-    """An InferenceSession and the providers it really uses.
+class SessionFactory:
+    """Creates onnxruntime sessions on the configured providers and reports fallbacks once.
 
     onnxruntime silently falls back to CPU when a requested provider cannot load; compare what
-    was asked for with what the session reports, log it, and refuse under ``strict``.
+    was asked for with what each session reports, log each missing provider once (not once per
+    model and graph), and refuse under ``strict``.
     """
-    try:
-        with warnings.catch_warnings():
-            # onnxruntime warns of a missing provider; the message below says it better.
-            warnings.simplefilter("ignore", UserWarning)
-            session = ort.InferenceSession(source, sess_options=options, providers=providers)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise StartupError(f"{label}: onnxruntime cannot load it: {exc}") from None
-    in_use = session.get_providers()
-    missing = [p for p in providers if p not in in_use]
-    if missing:
-        message = (
-            f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
-            f"(onnxruntime offers {', '.join(ort.get_available_providers())}); "
-            f"running on {', '.join(in_use)}"
-        )
-        if strict:
-            raise StartupError(message + "; refusing to start (GELU_STRICT_PROVIDERS=true)")
-        logger.warning(message)
-    return session, in_use
+
+    def __init__(self, providers: list[str], options: ort.SessionOptions, strict: bool) -> None:
+        self.providers = providers
+        self.options = options
+        self.strict = strict
+        self._reported: set[str] = set()
+
+    def create(self, source: str | bytes, label: str) -> tuple[ort.InferenceSession, list[str]]:
+        """An InferenceSession for ``source`` (a path or serialized model) and the providers it
+        really uses; ``StartupError`` if it cannot load, or falls back under ``strict``."""
+        try:
+            with warnings.catch_warnings():
+                # onnxruntime warns of a missing provider; the message below says it better.
+                warnings.simplefilter("ignore", UserWarning)
+                session = ort.InferenceSession(
+                    source, sess_options=self.options, providers=self.providers
+                )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StartupError(f"{label}: onnxruntime cannot load it: {reason}") from None
+        in_use = session.get_providers()
+        missing = [p for p in self.providers if p not in in_use]
+        if missing and self.strict:
+            raise StartupError(
+                f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
+                f"(onnxruntime offers {', '.join(ort.get_available_providers())}); refusing to "
+                "start (GELU_STRICT_PROVIDERS=true)"
+            )
+        for provider in missing:
+            if provider not in self._reported:
+                self._reported.add(provider)
+                logger.warning(
+                    "requested execution provider %s unavailable (onnxruntime offers %s); "
+                    "running on %s",
+                    provider,
+                    ", ".join(ort.get_available_providers()),
+                    ", ".join(in_use),
+                )
+        return session, in_use
 
 
 @dataclass
@@ -146,9 +165,7 @@ class ModelRepository:
     def load(
         cls,
         root: Path,
-        providers: list[str],
-        options: ort.SessionOptions,
-        strict: bool,
+        sessions: SessionFactory,
         warmup_runs: int,
     ) -> ModelRepository:
         """Load, check and warm every model; ``StartupError`` says what is wrong."""
@@ -161,7 +178,7 @@ class ModelRepository:
         for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             if model_dir.name.startswith("."):
                 continue  # export's staging directories
-            versions = cls._load_model(model_dir, providers, options, strict, warmup_runs)
+            versions = cls._load_model(model_dir, sessions, warmup_runs)
             if versions:
                 models[model_dir.name] = versions
         if not models:
@@ -171,9 +188,7 @@ class ModelRepository:
     @staticmethod
     def _load_model(
         model_dir: Path,
-        providers: list[str],
-        options: ort.SessionOptions,
-        strict: bool,
+        sessions: SessionFactory,
         warmup_runs: int,
     ) -> dict[str, Model]:
         config_path = model_dir / CONFIG_FILENAME
@@ -191,9 +206,7 @@ class ModelRepository:
             key=lambda p: int(p.name),
         ):
             label = f"{model_dir.name}/{version_dir.name}"
-            session, in_use = create_session(
-                str(version_dir / MODEL_FILENAME), label, providers, options, strict
-            )
+            session, in_use = sessions.create(str(version_dir / MODEL_FILENAME), label)
             meta = session.get_modelmeta().custom_metadata_map
             model = Model(model_dir.name, version_dir.name, config, session, in_use, meta)
             model.check_against_config()

@@ -197,14 +197,34 @@ def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str,
         "application/json": {"schema": _inline_refs(model.model_json_schema())}
     }
     if binary:
-        content["application/octet-stream"] = {
+        content[BINARY_MEDIA_TYPE] = {
             "schema": {"type": "string", "format": "binary", "description": binary}
         }
     return {"requestBody": {"required": True, "content": content}}
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "malformed or mismatched input"},
-    404: {"model": ErrorResponse, "description": "unknown model, version or activation"},
-    413: {"model": ErrorResponse, "description": "body, batch or array above the maximum"},
+# What each error status means, wherever an operation can answer it; the body is always
+# ``ErrorResponse``. FastAPI's own 422 never happens here (see ``service.openapi``).
+ERROR_DESCRIPTIONS = {
+    400: "malformed or mismatched input, or an invalid query parameter",
+    404: "unknown model, version or activation",
+    413: "body, batch or array above the maximum",
+    500: "internal error (a bug: please report it)",
+    503: "the model or service is not ready",
 }
+BINARY_MEDIA_TYPE = "application/octet-stream"
+
+
+def responses(*codes: int, binary: str | None = None) -> dict[int | str, dict[str, Any]]:
+    """An operation's OpenAPI ``responses``: the error ``codes`` it can answer (500 always),
+    and, with ``binary``, the raw-bytes form of its 200 beside the JSON one."""
+    documented: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[code]}
+        for code in sorted({*codes, 500})
+    }
+    if binary:
+        documented[200] = {
+            "description": "JSON, or raw bytes when asked for: " + binary,
+            "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        }
+    return documented

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Short names accepted in GELU_PROVIDERS, and the onnxruntime execution providers they mean.
@@ -15,12 +16,17 @@ PROVIDER_NAMES = {
     "tensorrt": "TensorrtExecutionProvider",
 }
 MIB = 1 << 20
+ENV_PREFIX = "GELU_"
+
+
+class SettingsError(ValueError):
+    """Invalid settings; the message names each ``GELU_*`` variable at fault, on one line."""
 
 
 class Settings(BaseSettings):
     """Configuration of one service process. Invalid values stop the service at start-up."""
 
-    model_config = SettingsConfigDict(env_prefix="GELU_", protected_namespaces=())
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, protected_namespaces=())
 
     model_repository: Path = Field(
         Path("model_repository"),
@@ -75,7 +81,28 @@ class Settings(BaseSettings):
     warmup_runs: int = Field(
         2, ge=0, description="Inference runs per model at start-up, before readiness turns true."
     )
-    log_level: str = Field("info", description="Python log level of the service's logger.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info",
+        description="Log level of the service and uvicorn; at debug, a start-up refusal also "
+        "logs its traceback.",
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Server processes for `gelu-serve serve` (its --workers overrides); each "
+        "loads every model.",
+    )
+    prometheus_multiproc_dir: Path | None = Field(
+        None,
+        validation_alias="PROMETHEUS_MULTIPROC_DIR",
+        description="prometheus_client's multiprocess directory (its own variable, no GELU_ "
+        "prefix); `serve` makes a temporary one when workers > 1 and this is unset.",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("providers", mode="before")
     @classmethod
@@ -95,7 +122,28 @@ class Settings(BaseSettings):
             )
         return value
 
+    @classmethod
+    def variable(cls, field: str) -> str:
+        """The environment variable that sets ``field``."""
+        alias = cls.model_fields[field].validation_alias
+        return alias if isinstance(alias, str) else ENV_PREFIX + field.upper()
+
     @property
     def ort_providers(self) -> list[str]:
         """The onnxruntime provider names, in order of preference."""
         return [PROVIDER_NAMES[p] for p in self.providers]
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment; ``SettingsError`` names each variable at fault."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            name = Settings.variable(field) if field in Settings.model_fields else field
+            value = os.environ.get(name, error.get("input"))
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}={value}: {message}")
+        raise SettingsError("; ".join(problems)) from None

@@ -11,15 +11,14 @@ import pytest
 
 from service.batching import Batcher
 from service.metrics import Metrics
-from service.runtime import Model, ModelRepository, session_options
+from service.runtime import Model, ModelRepository, SessionFactory, session_options
 from tests.helpers import DIGITS
 
 
 @pytest.fixture(scope="module")
 def model(model_repository: Path) -> Model:
-    repository = ModelRepository.load(
-        model_repository, ["CPUExecutionProvider"], session_options(1, 1), False, 1
-    )
+    sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
+    repository = ModelRepository.load(model_repository, sessions, 1)
     return repository.get("digits-mlp")
 
 

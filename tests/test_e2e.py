@@ -164,25 +164,33 @@ def test_client_that_hangs_up_mid_body_costs_nothing(server: int) -> None:
     assert conn.getresponse().status == 200  # and the fixture finds no traceback in the log
 
 
-def readme_curl_commands() -> list[str]:
-    """Every ``curl`` command in the README's code blocks, joined across line continuations."""
+VENV_PYTHON = ".venv/bin/python "
+
+
+def readme_commands() -> list[str]:
+    """Every ``curl`` and ``.venv/bin/python`` command in the README's shell blocks, in order,
+    joined across line continuations."""
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
     commands = []
     for block in blocks:
         joined = block.replace("\\\n", " ")
         commands += [
-            line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")
+            line.strip()
+            for line in joined.splitlines()
+            if line.strip().startswith(("curl ", VENV_PYTHON + "-c"))
         ]
     return commands
 
 
-def test_readme_curl_examples_work_as_written(server: int, tmp_path: Path) -> None:
-    commands = readme_curl_commands()
-    assert len(commands) >= 10
-    # The README makes x.f32 with this numpy one-liner before its binary example.
-    np.linspace(-5, 5, 1_000_000, dtype="<f4").tofile(tmp_path / "x.f32")
+def test_readme_commands_work_as_written(server: int, tmp_path: Path) -> None:
+    commands = readme_commands()
+    assert sum(c.startswith("curl ") for c in commands) >= 10
     for command in commands:
+        if command.startswith(VENV_PYTHON):  # the project's venv: here, this interpreter
+            command = shlex.quote(sys.executable) + " " + command.removeprefix(VENV_PYTHON)
+            subprocess.run(["bash", "-c", command], check=True, cwd=tmp_path, timeout=60)
+            continue
         command = command.replace("localhost:8000", f"127.0.0.1:{server}")
         result = subprocess.run(
             ["bash", "-c", command + " -sS --write-out '\\n%{http_code}'"],
@@ -191,6 +199,19 @@ def test_readme_curl_examples_work_as_written(server: int, tmp_path: Path) -> No
         assert result.stdout.splitlines()[-1] == "200", f"{command}: {result.stdout[-300:]}"
         assert not result.stderr, result.stderr
         shlex.split(command)  # each is a well-formed shell command
+    assert (tmp_path / "y.f32").stat().st_size == 4_000_000
+
+
+def test_readme_python_example_works_as_written(server: int) -> None:
+    (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    result = subprocess.run(
+        [sys.executable, "-c", block.replace("localhost:8000", f"127.0.0.1:{server}")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    numbers = re.findall(r"[-+]?\d+\.?\d*(?:e[-+]?\d+)?", result.stdout)  # numpy's printout
+    probabilities = np.array(numbers, dtype=np.float64).reshape(2, 10)
+    assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-4), result.stdout
 
 
 def test_locust_headless_run_sees_no_failures(server: int, tmp_path: Path) -> None:

@@ -164,4 +164,4 @@ def test_openapi_documents_every_route(client) -> None:
 def test_every_setting_is_documented_in_the_readme() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for name in Settings.model_fields:
-        assert f"`GELU_{name.upper()}`" in readme, name
+        assert f"`{Settings.variable(name)}`" in readme, name

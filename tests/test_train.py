@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,18 @@ def test_mismatched_checkpoint_is_refused(tmp_path: Path, checkpoints: dict[str,
     torch.save(payload, mismatched)
     with pytest.raises(ConfigError, match="unknown architecture 'rnn'"):
         load_checkpoint(mismatched)
+
+
+def test_threads_follow_the_work_per_step() -> None:
+    from models.train import SINGLE_THREAD_WORK, pick_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert pick_threads(3, 10, 10) == 3  # asked for
+    assert pick_threads(0, 125_194, 32) == 1  # the default digits MLP
+    assert pick_threads(0, SINGLE_THREAD_WORK, 1) == cores  # the 784-3x2048-10 class
+
+
+def test_training_a_small_network_uses_one_thread(tmp_path: Path) -> None:
+    torch.set_num_threads(2)
+    train_quick(tmp_path / "m.pt", "--arch", "mlp", "--hidden", "16")
+    assert torch.get_num_threads() == 1

@@ -1,12 +1,14 @@
 """HTTP faces over the data plane: V1 (KServe style), V2 (Open Inference Protocol), activations.
 
-Routes take the data plane from the app's state with ``get_plane(request)``, and the inference
+Routes take the data plane from the app's state with ``get_plane(request)``. The inference
 routes use ``DirectRoute``: FastAPI's per-request dependency resolution was most of a small
-model's request time (py-spy under wrk; see docs/benchmarks.md).
+model's request time (py-spy under wrk; see docs/benchmarks.md). ``add_model_route`` registers
+one endpoint on a model's path and on its ``/versions/{version}`` form.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -39,13 +41,36 @@ class DirectRoute(APIRoute):
         return handler
 
 
-def direct_post(router: APIRouter, path: str, **kwargs: Any) -> Callable[[Endpoint], Endpoint]:
-    """``@router.post(path, ...)`` with ``DirectRoute``, for the hot inference endpoints."""
+def _without_version(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` with its ``version`` parameter left at its default, so that FastAPI
+    documents no ``version`` parameter on the unversioned path."""
 
-    def register(endpoint: Endpoint) -> Endpoint:
+    async def unversioned(**kwargs: Any) -> Response:
+        return await endpoint(**kwargs)
+
+    signature = inspect.signature(endpoint, eval_str=True)
+    parameters = [p for p in signature.parameters.values() if p.name != "version"]
+    unversioned.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    unversioned.__name__ = endpoint.__name__
+    unversioned.__doc__ = endpoint.__doc__
+    return unversioned
+
+
+def add_model_route(
+    router: APIRouter,
+    path: str,
+    endpoint: Endpoint,
+    method: str = "GET",
+    direct: bool = False,
+    **kwargs: Any,
+) -> None:
+    """Register ``endpoint`` (which takes ``version: str | None = None``) on ``path`` and on
+    ``path`` with ``/versions/{version}`` after ``{name}``; ``direct`` uses DirectRoute."""
+    route_class = DirectRoute if direct else APIRoute
+    for route_path, function in (
+        (path, _without_version(endpoint)),
+        (path.replace("{name}", "{name}/versions/{version}"), endpoint),
+    ):
         router.add_api_route(
-            path, endpoint, methods=["POST"], route_class_override=DirectRoute, **kwargs
+            route_path, function, methods=[method], route_class_override=route_class, **kwargs
         )
-        return endpoint
-
-    return register

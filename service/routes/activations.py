@@ -8,21 +8,21 @@ from service import codecs
 from service.activations import ACTIVATIONS
 from service.routes import get_plane
 from service.schemas import (
-    ERROR_RESPONSES,
     ActivationList,
     ActivationRequest,
     ActivationResponse,
     request_body,
+    responses,
 )
 
-router = APIRouter(tags=["Activations"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["Activations"])
 BINARY_BODY = (
     "Raw little-endian float32 values; the shape in the X-Shape header or the shape query "
     "parameter (default: one dimension). The answer is raw float32 with X-Shape."
 )
 
 
-@router.get("/v1/activations", response_model=ActivationList)
+@router.get("/v1/activations", response_model=ActivationList, responses=responses())
 async def list_activations(request: Request) -> Response:
     """The functions, their formulas and derivatives, and the providers evaluating them."""
     plane = get_plane(request)
@@ -37,6 +37,7 @@ async def list_activations(request: Request) -> Response:
 @router.post(
     "/v1/activations/{name}",
     response_model=ActivationResponse,
+    responses=responses(400, 404, 413, binary="raw little-endian float32, its shape in X-Shape"),
     openapi_extra=request_body(ActivationRequest, BINARY_BODY),
 )
 async def evaluate(

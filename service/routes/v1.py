@@ -5,21 +5,22 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
-from service.routes import direct_post, get_plane
+from service.routes import add_model_route, get_plane
 from service.runtime import check_batch
 from service.schemas import (
-    ERROR_RESPONSES,
     ModelList,
     ModelSummary,
     PredictRequest,
     PredictResponse,
     request_body,
+    responses,
 )
 
-router = APIRouter(tags=["V1 (KServe style)"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["V1 (KServe style)"])
 
 
-async def _predict(request: Request, name: str, version: str | None) -> Response:
+async def predict(request: Request, name: str, version: str | None = None) -> Response:
+    """Predict with the model (its latest version unless one is named)."""
     plane = get_plane(request)
     model = plane.model(name, version)
     inputs = codecs.decode_v1(await request.body(), model)
@@ -29,29 +30,19 @@ async def _predict(request: Request, name: str, version: str | None) -> Response
 
 
 # The inference routes come first: routing tries routes in order, on every request.
-@direct_post(
+add_model_route(
     router,
     "/v1/models/{name}:predict",
+    predict,
+    method="POST",
+    direct=True,
     response_model=PredictResponse,
+    responses=responses(400, 404, 413, 503),
     openapi_extra=request_body(PredictRequest),
 )
-async def predict(name: str, request: Request) -> Response:
-    """Predict with the model's latest version."""
-    return await _predict(request, name, None)
 
 
-@direct_post(
-    router,
-    "/v1/models/{name}/versions/{version}:predict",
-    response_model=PredictResponse,
-    openapi_extra=request_body(PredictRequest),
-)
-async def predict_version(name: str, version: str, request: Request) -> Response:
-    """Predict with one version of the model."""
-    return await _predict(request, name, version)
-
-
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=responses())
 async def list_models(request: Request) -> Response:
     """Every model with its versions, task, tensors and providers."""
     plane = get_plane(request)
@@ -59,7 +50,7 @@ async def list_models(request: Request) -> Response:
     return Response(codecs.dumps({"models": models}), media_type="application/json")
 
 
-@router.get("/v1/models/{name}", response_model=ModelSummary)
+@router.get("/v1/models/{name}", response_model=ModelSummary, responses=responses(404, 503))
 async def describe_model(name: str, request: Request) -> Response:
     """One model: versions, labels, input shape, normalisation, providers, metrics."""
     plane = get_plane(request)

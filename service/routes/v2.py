@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
-from service.dataplane import DataPlane, tensor_metadata
-from service.routes import direct_post, get_plane
+from service.dataplane import tensor_metadata
+from service.routes import add_model_route, get_plane
 from service.schemas import (
-    ERROR_RESPONSES,
     InferenceRequest,
     InferenceResponse,
     LiveResponse,
@@ -17,14 +16,19 @@ from service.schemas import (
     ReadyResponse,
     ServerMetadata,
     request_body,
+    responses,
 )
 
-router = APIRouter(tags=["V2 (Open Inference Protocol)"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["V2 (Open Inference Protocol)"])
 SERVER_NAME = "gelu-serve"
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
+)
+BINARY_RESPONSE = (
+    "the JSON response, then each output asked for with binary_data as raw little-endian "
+    "bytes; the header Inference-Header-Content-Length gives the JSON's length."
 )
 
 
@@ -32,8 +36,9 @@ def _json(payload: object, status_code: int = 200) -> Response:
     return Response(codecs.dumps(payload), status_code=status_code, media_type="application/json")
 
 
-# The inference routes come first: routing tries routes in order, on every request.
-async def _infer(request: Request, name: str, version: str | None) -> Response:
+async def infer(request: Request, name: str, version: str | None = None) -> Response:
+    """Inference with the model (its latest version unless one is named): JSON, or JSON plus
+    binary tensors."""
     plane = get_plane(request)
     model = plane.model(name, version)
     decoded = codecs.decode_v2(
@@ -47,35 +52,26 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     return Response(body, headers=headers)
 
 
-@direct_post(
+# The inference routes come first: routing tries routes in order, on every request.
+add_model_route(
     router,
     "/v2/models/{name}/infer",
+    infer,
+    method="POST",
+    direct=True,
     response_model=InferenceResponse,
+    responses=responses(400, 404, 413, 503, binary=BINARY_RESPONSE),
     openapi_extra=request_body(InferenceRequest, BINARY_BODY),
 )
-async def infer(name: str, request: Request) -> Response:
-    """Inference with the model's latest version: JSON, or JSON plus binary tensors."""
-    return await _infer(request, name, None)
 
 
-@direct_post(
-    router,
-    "/v2/models/{name}/versions/{version}/infer",
-    response_model=InferenceResponse,
-    openapi_extra=request_body(InferenceRequest, BINARY_BODY),
-)
-async def infer_version(name: str, version: str, request: Request) -> Response:
-    """Inference with one version of the model."""
-    return await _infer(request, name, version)
-
-
-@router.get("/v2", response_model=ServerMetadata)
+@router.get("/v2", response_model=ServerMetadata, responses=responses())
 async def server_metadata() -> Response:
     """Server name, version and protocol extensions."""
     return _json({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
 
 
-@router.get("/v2/health/live", response_model=LiveResponse)
+@router.get("/v2/health/live", response_model=LiveResponse, responses=responses())
 async def live() -> Response:
     """200 while the process serves HTTP."""
     return _json({"live": True})
@@ -84,7 +80,7 @@ async def live() -> Response:
 @router.get(
     "/v2/health/ready",
     response_model=ReadyResponse,
-    responses={503: {"model": ReadyResponse, "description": "not ready"}},
+    responses={**responses(), 503: {"model": ReadyResponse, "description": "not ready"}},
 )
 async def ready(request: Request) -> Response:
     """200 when every model is loaded and warmed up, else 503."""
@@ -92,7 +88,9 @@ async def ready(request: Request) -> Response:
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
 
-def _metadata(plane: DataPlane, name: str, version: str | None) -> Response:
+async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
+    """A model's versions, platform and tensors (one version's, when named)."""
+    plane = get_plane(request)
     model = plane.repository.get(name, version)
     return _json(
         {
@@ -105,37 +103,15 @@ def _metadata(plane: DataPlane, name: str, version: str | None) -> Response:
     )
 
 
-@router.get("/v2/models/{name}", response_model=ModelMetadata)
-async def model_metadata(name: str, request: Request) -> Response:
-    """A model's versions, platform and tensors."""
-    return _metadata(get_plane(request), name, None)
-
-
-@router.get("/v2/models/{name}/versions/{version}", response_model=ModelMetadata)
-async def model_version_metadata(name: str, version: str, request: Request) -> Response:
-    """One version's platform and tensors."""
-    return _metadata(get_plane(request), name, version)
-
-
-def _model_ready(plane: DataPlane, name: str, version: str | None) -> Response:
-    plane.model(name, version)  # 404 unknown, 503 not ready
+async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+    """200 when the model (its latest version unless one is named) is ready."""
+    get_plane(request).model(name, version)  # 404 unknown, 503 not ready
     return _json({"name": name, "ready": True})
 
 
-@router.get("/v2/models/{name}/ready", response_model=ModelReadyResponse)
-async def model_ready(name: str, request: Request) -> Response:
-    """200 when the model's latest version is ready."""
-    return _model_ready(get_plane(request), name, None)
-
-
-@router.get("/v2/models/{name}/versions/{version}/ready", response_model=ModelReadyResponse)
-async def model_version_ready(name: str, version: str, request: Request) -> Response:
-    """200 when this version is ready."""
-    return _model_ready(get_plane(request), name, version)
-
-
-def _config(plane: DataPlane, name: str, version: str | None) -> Response:
-    config = plane.repository.get(name, version).config
+async def model_config(request: Request, name: str, version: str | None = None) -> Response:
+    """The model's config.pbtxt as JSON (Triton's model configuration extension)."""
+    config = get_plane(request).repository.get(name, version).config
     return _json(
         {
             "name": config.name,
@@ -151,13 +127,18 @@ def _config(plane: DataPlane, name: str, version: str | None) -> Response:
     )  # fmt: skip
 
 
-@router.get("/v2/models/{name}/config")
-async def model_config(name: str, request: Request) -> Response:
-    """The model's config.pbtxt as JSON (Triton's model configuration extension)."""
-    return _config(get_plane(request), name, None)
-
-
-@router.get("/v2/models/{name}/versions/{version}/config")
-async def model_version_config(name: str, version: str, request: Request) -> Response:
-    """The config.pbtxt as JSON, for one version."""
-    return _config(get_plane(request), name, version)
+add_model_route(
+    router,
+    "/v2/models/{name}",
+    model_metadata,
+    response_model=ModelMetadata,
+    responses=responses(404),
+)
+add_model_route(
+    router,
+    "/v2/models/{name}/ready",
+    model_ready,
+    response_model=ModelReadyResponse,
+    responses=responses(404, 503),
+)
+add_model_route(router, "/v2/models/{name}/config", model_config, responses=responses(404))
