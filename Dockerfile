@@ -28,6 +28,7 @@ FROM base AS build
 COPY wheels/ /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md cli.py ./
+COPY contract/ contract/
 COPY models/ models/
 COPY export/ export/
 COPY service/ service/

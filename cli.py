@@ -60,7 +60,7 @@ def serve(args: argparse.Namespace) -> None:
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
     uvicorn.run(
-        "service.app:create_app",
+        "service.rest.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,

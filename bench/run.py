@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> Results:
     }
 
     floor = Request("/floor", small["v1"].body, small["v1"].headers)
-    service = "service.app:create_app"
+    service = "service.rest.app:create_app"
     ready = "/v2/health/ready"
     on_env = {**base_env, "GELU_BATCHING": "true"}
     off_env = {**base_env, "GELU_BATCHING": "false"}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import onnx
 
-from export.repository import MODEL_FILENAME, existing_versions
+from contract.names import MODEL_FILENAME
+from export.repository import existing_versions
 
 
 @dataclass(frozen=True)

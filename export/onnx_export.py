@@ -14,7 +14,6 @@ sizes ``PARITY_BATCHES``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import warnings
 from collections import Counter
@@ -26,16 +25,15 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from contract.metadata import ModelMetadata
+from contract.model_config import ModelConfig, TensorConfig
+from contract.names import CLASSIFICATION, INPUT_NAME, OPSET, OUTPUTS, PLATFORM
 from export.arguments import DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_DELAY_US
-from export.repository import TensorSpec, config_pbtxt, write_version
+from export.repository import write_version
 from models.activations import count_gelu_layers
-from models.networks import ModelConfig
+from models.networks import NetworkConfig
 from models.train import file_sha256, load_checkpoint
 
-OPSET = 20
-INPUT_NAME = "input"
-CLASSIFIER_OUTPUTS = ("logits", "probabilities")
-AUTOENCODER_OUTPUTS = ("reconstruction",)
 PARITY_ATOL = 1e-5
 PARITY_BATCHES = (1, 7, 256)
 # Ops that betray a GELU decomposed into elementary ops instead of one native Gelu node.
@@ -58,26 +56,32 @@ class _Classifier(nn.Module):
         return logits, torch.softmax(logits, dim=1)
 
 
-def output_names(config: ModelConfig) -> tuple[str, ...]:
+def output_names(config: NetworkConfig) -> tuple[str, ...]:
     """The ONNX output names for a model of this config's task."""
-    return CLASSIFIER_OUTPUTS if config.task == "classification" else AUTOENCODER_OUTPUTS
+    return OUTPUTS[config.task]
 
 
-def tensor_specs(config: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Inputs and outputs without the batch dimension, for ``config.pbtxt``."""
-    inputs = [TensorSpec(INPUT_NAME, config.input_shape)]
-    if config.task == "classification":
-        outputs = [TensorSpec(n, (config.num_classes,)) for n in CLASSIFIER_OUTPUTS]
-    else:
-        outputs = [TensorSpec(n, config.input_shape) for n in AUTOENCODER_OUTPUTS]
-    return inputs, outputs
+def model_config(
+    name: str, config: NetworkConfig, max_batch_size: int, max_queue_delay_us: int
+) -> ModelConfig:
+    """Triton's config for the exported network: tensors without the batch dimension."""
+    shape = (config.num_classes,) if config.task == CLASSIFICATION else config.input_shape
+    return ModelConfig(
+        name=name,
+        platform=PLATFORM,
+        max_batch_size=max_batch_size,
+        inputs=(TensorConfig(INPUT_NAME, "FP32", config.input_shape),),
+        outputs=tuple(TensorConfig(n, "FP32", shape) for n in output_names(config)),
+        dynamic_batching=True,
+        max_queue_delay_us=max_queue_delay_us,
+    )
 
 
-def _exportable(model: nn.Module, config: ModelConfig) -> nn.Module:
-    return _Classifier(model).eval() if config.task == "classification" else model.eval()
+def _exportable(model: nn.Module, config: NetworkConfig) -> nn.Module:
+    return _Classifier(model).eval() if config.task == CLASSIFICATION else model.eval()
 
 
-def to_onnx(model: nn.Module, config: ModelConfig, path: Path) -> None:
+def to_onnx(model: nn.Module, config: NetworkConfig, path: Path) -> None:
     """Export with the dynamo exporter at ``OPSET``: one self-contained file, dynamic batch."""
     example = torch.rand(2, *config.input_shape)  # batch 2: a batch of 1 gets specialised
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
@@ -112,7 +116,7 @@ def check_gelu_nodes(graph: onnx.ModelProto, expected: int) -> None:
         raise ExportError(f"expected {expected} native Gelu node(s), found {ops['Gelu']}")
 
 
-def check_parity(model: nn.Module, config: ModelConfig, path: Path) -> float:
+def check_parity(model: nn.Module, config: NetworkConfig, path: Path) -> float:
     """Max |onnxruntime - PyTorch| over ``PARITY_BATCHES``; ``ExportError`` above the bound."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     exportable = _exportable(model, config)
@@ -138,7 +142,7 @@ def check_parity(model: nn.Module, config: ModelConfig, path: Path) -> float:
     return worst
 
 
-def validate(model: nn.Module, config: ModelConfig, path: Path) -> float:
+def validate(model: nn.Module, config: NetworkConfig, path: Path) -> float:
     """Run every check on the exported file; returns the worst parity difference."""
     graph = onnx.load(str(path))
     try:
@@ -168,30 +172,27 @@ def export_checkpoint(
 ) -> Path:
     """Export ``checkpoint`` as ``repository/name/<version>/model.onnx``; returns its path."""
     payload, model, config = load_checkpoint(checkpoint)
-    inputs, outputs = tensor_specs(config)
-    config_text = config_pbtxt(name, inputs, outputs, max_batch_size, max_queue_delay_us)
+    config_text = model_config(name, config, max_batch_size, max_queue_delay_us).to_pbtxt()
     parity: list[float] = []
 
     def write_model(path: Path) -> None:
         to_onnx(model, config, path)
-        add_metadata(
-            path,
-            {
-                "name": name,
-                "version": path.parent.name,
-                "arch": config.arch,
-                "activation": config.activation,
-                "task": config.task,
-                "model_config": json.dumps(config.to_dict()),
-                "label_names": json.dumps(list(config.label_names)),
-                "input_normalisation": json.dumps(config.normalisation),
-                "metrics": json.dumps(payload.get("metrics", {})),
-                "dataset": str(payload.get("dataset", "")),
-                "checkpoint_sha256": file_sha256(checkpoint),
-                "opset": str(OPSET),
-                "torch_version": torch.__version__,
-            },
+        metadata = ModelMetadata(
+            name=name,
+            version=path.parent.name,
+            arch=config.arch,
+            activation=config.activation,
+            task=config.task,
+            label_names=config.label_names,
+            input_normalisation=config.normalisation,
+            metrics=payload.get("metrics", {}),
+            dataset=str(payload.get("dataset", "")),
+            model_config=config.to_dict(),
+            checkpoint_sha256=file_sha256(checkpoint),
+            opset=str(OPSET),
+            torch_version=torch.__version__,
         )
+        add_metadata(path, metadata.to_props())
         parity.append(validate(model, config, path))
 
     onnx_path = write_version(repository, name, version, config_text, write_model)

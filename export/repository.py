@@ -12,55 +12,16 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-MODEL_FILENAME = "model.onnx"
-CONFIG_FILENAME = "config.pbtxt"
-PLATFORM = "onnxruntime_onnx"
+from contract.names import CONFIG_FILENAME, MODEL_FILENAME
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class RepositoryError(ValueError):
     """A repository target that cannot be written (bad name, existing version, conflict)."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output of the model, without the batch dimension (Triton's ``dims``)."""
-
-    name: str
-    dims: tuple[int, ...]
-    data_type: str = "TYPE_FP32"
-
-
-def config_pbtxt(
-    name: str,
-    inputs: Sequence[TensorSpec],
-    outputs: Sequence[TensorSpec],
-    max_batch_size: int,
-    max_queue_delay_us: int,
-) -> str:
-    """Triton ``config.pbtxt`` text for an ONNX model with a leading batch dimension."""
-
-    def tensors(field: str, specs: Sequence[TensorSpec]) -> str:
-        body = ",\n".join(
-            f'  {{\n    name: "{s.name}"\n    data_type: {s.data_type}\n'
-            f"    dims: [ {', '.join(str(d) for d in s.dims)} ]\n  }}"
-            for s in specs
-        )
-        return f"{field} [\n{body}\n]\n"
-
-    return (
-        f'name: "{name}"\n'
-        f'platform: "{PLATFORM}"\n'
-        f"max_batch_size: {max_batch_size}\n"
-        "version_policy: { all: { } }\n"
-        + tensors("input", inputs)
-        + tensors("output", outputs)
-        + f"dynamic_batching {{\n  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
-    )
 
 
 def check_model_name(name: str) -> None:

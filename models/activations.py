@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from contract import names
+
 _SIGMOID_GELU_SCALE = 1.702
 
 
@@ -46,7 +48,7 @@ class StochasticGELU(nn.Module):
 # Every activation that becomes an ONNX ``Gelu`` node when exported in eval mode.
 GELU_MODULES: tuple[type[nn.Module], ...] = (nn.GELU, StochasticGELU)
 
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+_FACTORIES: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(approximate="none"),
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "gelu_sigmoid": SigmoidGELU,
@@ -55,6 +57,8 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "elu": nn.ELU,
 }
+# Keyed and ordered by the repository contract's list, the one source of the names.
+ACTIVATIONS = {name: _FACTORIES[name] for name in names.ACTIVATIONS}
 
 
 class UnknownActivationError(ValueError):

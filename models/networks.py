@@ -5,7 +5,7 @@
   1000-500-250-30), sigmoid output for inputs in [0, 1].
 - ``cnn``: a small convolutional classifier.
 
-A network is rebuilt from a ``ModelConfig`` alone, which the checkpoint stores as a dict.
+A network is rebuilt from a ``NetworkConfig`` alone, which the checkpoint stores as a dict.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.names import CLASSIFICATION, RECONSTRUCTION
 from models.activations import make_activation
 
 ARCHITECTURES = ("mlp", "autoencoder", "cnn")
-TASKS = {"mlp": "classification", "cnn": "classification", "autoencoder": "reconstruction"}
+TASKS = {"mlp": CLASSIFICATION, "cnn": CLASSIFICATION, "autoencoder": RECONSTRUCTION}
 
 
 class ConfigError(ValueError):
@@ -29,7 +30,7 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class NetworkConfig:
     """Everything needed to rebuild a network, and to describe it to a client."""
 
     arch: str
@@ -50,7 +51,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, data: dict[str, Any]) -> NetworkConfig:
         """Rebuild a config from ``to_dict``'s output, refusing unknown or missing keys."""
         try:
             config = cls(
@@ -75,7 +76,7 @@ class ModelConfig:
         make_activation(self.activation)  # raises UnknownActivationError
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(f"hidden sizes must be positive, got {list(self.hidden)}")
-        if self.task == "classification":
+        if self.task == CLASSIFICATION:
             if self.num_classes < 2:
                 raise ConfigError("a classifier needs num_classes >= 2")
             if self.label_names and len(self.label_names) != self.num_classes:
@@ -98,7 +99,7 @@ def _mlp_stack(sizes: list[int], activation: str, dropout: float) -> list[nn.Mod
 class MLPClassifier(nn.Module):
     """Flatten, hidden layers of Linear + activation, then a Linear to the class logits."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         n_in = math.prod(config.input_shape)
         sizes = [n_in, *config.hidden]
@@ -115,7 +116,7 @@ class MLPClassifier(nn.Module):
 class Autoencoder(nn.Module):
     """Encoder input -> hidden[0] -> ... -> hidden[-1], decoder its mirror, sigmoid output."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         self.input_shape = config.input_shape
         n_in = math.prod(config.input_shape)
@@ -134,7 +135,7 @@ class Autoencoder(nn.Module):
 class CNNClassifier(nn.Module):
     """Conv + activation blocks (channels from ``hidden``), global average pool, Linear."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         channels = [config.input_shape[0], *config.hidden]
         blocks: list[nn.Module] = []
@@ -149,7 +150,7 @@ class CNNClassifier(nn.Module):
         return out
 
 
-def build_model(config: ModelConfig) -> nn.Module:
+def build_model(config: NetworkConfig) -> nn.Module:
     """Build the network that ``config`` describes (fresh weights)."""
     config.validate()
     if config.arch == "mlp":

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from models.arguments import DEFAULT_HIDDEN, add_arguments
 from models.data import Dataset, load_dataset
-from models.networks import ModelConfig, build_model
+from models.networks import NetworkConfig, build_model
 
 CHECKPOINT_FORMAT = "gelu-serve/checkpoint-v1"
 # Below this much work per training step (parameters x batch size), one torch thread is faster
@@ -61,7 +61,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, n
     return order[n_val:], order[:n_val]
 
 
-def _loss_fn(config: ModelConfig, label_smoothing: float = 0.0) -> nn.Module:
+def _loss_fn(config: NetworkConfig, label_smoothing: float = 0.0) -> nn.Module:
     if config.task == "classification":
         return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     return nn.MSELoss()
@@ -77,7 +77,7 @@ def _batch_loss(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, config: ModelConfig, images: torch.Tensor, labels: torch.Tensor
+    model: nn.Module, config: NetworkConfig, images: torch.Tensor, labels: torch.Tensor
 ) -> dict[str, float]:
     """Loss and accuracy (classifier) or mean squared reconstruction error (autoencoder)."""
     model.eval()
@@ -98,7 +98,7 @@ def pick_threads(requested: int, parameters: int, batch_size: int) -> int:
 
 
 def train(
-    config: ModelConfig, data: Dataset, options: TrainOptions
+    config: NetworkConfig, data: Dataset, options: TrainOptions
 ) -> tuple[nn.Module, list[dict[str, float]], dict[str, float]]:
     """Train from a fresh seeded init; returns the model, per-epoch history, final metrics.
 
@@ -160,7 +160,7 @@ def train(
 def save_checkpoint(
     path: Path,
     model: nn.Module,
-    config: ModelConfig,
+    config: NetworkConfig,
     metrics: dict[str, float],
     history: list[dict[str, float]],
     extra: dict[str, Any],
@@ -185,7 +185,7 @@ def save_checkpoint(
         raise
 
 
-def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], nn.Module, ModelConfig]:
+def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], nn.Module, NetworkConfig]:
     """Load a checkpoint and rebuild its network in eval mode; ``CheckpointError`` if bad."""
     path = Path(path)
     if not path.is_file():
@@ -197,7 +197,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], nn.Module, ModelC
         raise CheckpointError(f"{path} is not a readable checkpoint: {reason}") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a gelu-serve checkpoint ({CHECKPOINT_FORMAT})")
-    config = ModelConfig.from_dict(payload["model_config"])
+    config = NetworkConfig.from_dict(payload["model_config"])
     model = build_model(config)
     try:
         model.load_state_dict(payload["state_dict"])
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> Path:
             data.name, data.images[:400], data.labels[:400], data.label_names, data.divide_by
         )
     classifier = args.arch != "autoencoder"
-    config = ModelConfig(
+    config = NetworkConfig(
         arch=args.arch,
         activation=args.activation,
         input_shape=data.sample_shape if args.arch == "cnn" else (int(np.prod(data.sample_shape)),),

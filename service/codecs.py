@@ -1,26 +1,35 @@
-"""Wire formats <-> numpy: the one place where request bytes become arrays and back.
+"""Wire formats <-> arrays: the one place where request bytes become numpy and back.
 
 V1 (KServe style) ``{"instances": [...]}``, the Open Inference Protocol's JSON and binary tensor
-data extension, and the activation endpoint's JSON and raw float32 bodies. Every client mistake
-raises a ``ServiceError`` subclass whose message says what was wrong.
+data extension, and the activation endpoint's JSON and raw float32 bodies. A codec checks only
+what the format itself says (JSON syntax, numbers, declared shapes and byte counts) and knows
+nothing of models: names, datatypes, shapes and limits are checked against the model by the
+core (``service.dataplane``). Every client mistake raises a ``ServiceError`` subclass whose
+message says what was wrong.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
-from service.errors import BadInputError, PayloadTooLargeError
-from service.model_config import V2_TO_NUMPY, TensorConfig
-from service.runtime import PROBABILITIES_OUTPUT, RECONSTRUCTION_OUTPUT, Model
+from contract.model_config import V2_TO_NUMPY
+from contract.names import (
+    CLASSIFICATION,
+    PROBABILITIES_OUTPUT,
+    RECONSTRUCTION,
+    RECONSTRUCTION_OUTPUT,
+)
+from service.errors import BadInputError
+from service.inference import InferenceRequest, InferenceResult, RequestInput, RequestOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 SHAPE_HEADER = "X-Shape"
 OCTET_STREAM = "application/octet-stream"
+JSON = "application/json"
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -45,69 +54,60 @@ def loads(body: bytes) -> Any:
         raise BadInputError(f"malformed JSON: {exc}") from None
 
 
-def json_array(data: Any, what: str, dtype: np.dtype) -> np.ndarray:
-    """A (nested) list of numbers as an array of ``dtype``; refuses ragged, non-numeric or
-    non-finite data instead of letting numpy coerce it."""
+def numbers(data: Any, what: str) -> np.ndarray:
+    """A (nested) list of numbers (or booleans) as an array; refuses ragged or non-numeric
+    data instead of letting numpy make objects or strings of it."""
     try:
         array = np.asarray(data)
     except ValueError:
         raise BadInputError(f"{what}: nested lists of different lengths (ragged)") from None
-    if array.dtype.kind not in "iuf" and not (array.dtype.kind == "b" and dtype.kind == "b"):
-        raise BadInputError(
-            f"{what}: expected numbers, found {_describe(array)}"
-            if array.size
-            else f"{what}: no values"
-        )
+    if array.dtype.kind not in "iufb":
+        raise BadInputError(f"{what}: expected numbers, found {_describe(array)}")
+    return array
+
+
+def cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """``array`` as ``dtype``, refusing booleans for numbers and values outside its range."""
+    if array.dtype.kind == "b" and dtype.kind != "b":
+        raise BadInputError(f"{what}: expected numbers, found booleans")
     if dtype.kind == "f":
         with np.errstate(over="ignore"):
-            array = array.astype(dtype, copy=False)
-        if not np.isfinite(array).all():
+            converted = array.astype(dtype, copy=False)
+        if not np.isfinite(converted).all():
             raise BadInputError(f"{what}: a value is outside the {dtype.name} range")
-        return array
-    info = np.iinfo(dtype) if dtype.kind in "iu" else None
-    if info is not None and array.size and (array.min() < info.min or array.max() > info.max):
-        raise BadInputError(f"{what}: a value is outside the {dtype.name} range")
+        return converted
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise BadInputError(f"{what}: a value is outside the {dtype.name} range")
     return array.astype(dtype, copy=False)
 
 
 def _describe(array: np.ndarray) -> str:
     if array.dtype.kind in "US":
         return "strings"
-    if array.dtype.kind == "b":
-        return "booleans"
     return "null, objects or integers beyond 64 bits"
-
-
-def check_shape(array: np.ndarray, tensor: TensorConfig, what: str) -> None:
-    """``array`` must be [batch, *dims] of the model's input."""
-    if array.ndim == 0 or array.shape[1:] != tensor.dims:
-        got = list(array.shape[1:]) if array.ndim > 1 else "a scalar"
-        raise BadInputError(f"{what}: each instance must have shape {list(tensor.dims)}, got {got}")
 
 
 # ---- V1 -------------------------------------------------------------------------------------
 
 
-def decode_v1(body: bytes, model: Model) -> dict[str, np.ndarray]:
-    """``{"instances": [...]}`` (or KServe's ``{"inputs": [...]}``) -> the model's input."""
+def decode_v1(body: bytes) -> InferenceRequest:
+    """``{"instances": [...]}`` (or KServe's ``{"inputs": [...]}``): one row per instance."""
     payload = loads(body)
     if not isinstance(payload, dict):
         raise BadInputError('body must be a JSON object {"instances": [...]}')
     instances = payload.get("instances", payload.get("inputs"))
     if not isinstance(instances, list):
         raise BadInputError('body must be a JSON object {"instances": [...]} holding a list')
-    if not instances:
-        raise BadInputError("empty batch: send at least one instance")
-    (tensor,) = model.inputs
-    array = json_array(instances, "instances", tensor.numpy_dtype)
-    check_shape(array, tensor, "instances")
-    return {tensor.name: array}
+    return InferenceRequest([RequestInput(numbers(instances, "instances"))])
 
 
-def encode_v1(model: Model, outputs: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> bytes:
+def encode_v1(result: InferenceResult) -> bytes:
     """A classifier's label, class index and probabilities; an autoencoder's reconstruction
     and its mean squared error; any other model's raw outputs."""
-    if model.task == "classification" and PROBABILITIES_OUTPUT in outputs:
+    model, outputs = result.model, result.outputs
+    if model.task == CLASSIFICATION and PROBABILITIES_OUTPUT in outputs:
         probabilities = outputs[PROBABILITIES_OUTPUT]
         labels = model.label_names
         indices = probabilities.argmax(axis=1).tolist()
@@ -119,9 +119,9 @@ def encode_v1(model: Model, outputs: dict[str, np.ndarray], inputs: dict[str, np
             }
             for i, row in zip(indices, probabilities, strict=True)
         ]
-    elif model.task == "reconstruction" and RECONSTRUCTION_OUTPUT in outputs:
+    elif model.task == RECONSTRUCTION and RECONSTRUCTION_OUTPUT in outputs:
         reconstruction = outputs[RECONSTRUCTION_OUTPUT]
-        (original,) = inputs.values()
+        (original,) = result.inputs.values()
         errors = ((reconstruction - original) ** 2).reshape(len(original), -1).mean(axis=1)
         predictions = [
             {"reconstruction": row, "error": float(e)}
@@ -138,15 +138,6 @@ def encode_v1(model: Model, outputs: dict[str, np.ndarray], inputs: dict[str, np
 # ---- Open Inference Protocol (V2) -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class V2Request:
-    """A decoded inference request: inputs as arrays and how each output is wanted."""
-
-    id: str | None
-    inputs: dict[str, np.ndarray]
-    outputs: list[tuple[str, bool]]  # (name, binary)
-
-
 def _bool_parameter(entry: dict[str, Any], key: str, what: str) -> bool:
     parameters = entry.get("parameters") or {}
     if not isinstance(parameters, dict):
@@ -157,41 +148,25 @@ def _bool_parameter(entry: dict[str, Any], key: str, what: str) -> bool:
     return value
 
 
-def _v2_input(
-    entry: Any, model: Model, binary: memoryview, offset: int, max_batch: int
-) -> tuple[str, np.ndarray, int]:
+def _v2_input(entry: Any, binary: memoryview, offset: int) -> tuple[RequestInput, int]:
+    """One entry of ``inputs``, its data from JSON or from the binary section at ``offset``."""
     if not isinstance(entry, dict):
         raise BadInputError("each of 'inputs' must be an object")
     name = entry.get("name")
-    declared = {t.name: t for t in model.inputs}
-    if name not in declared:
-        raise BadInputError(
-            f"unknown input {name!r} for model {model.name!r}; expected {sorted(declared)}"
-        )
-    tensor = declared[name]
+    if not isinstance(name, str):
+        raise BadInputError("each of 'inputs' needs a 'name' string")
     what = f"input {name!r}"
     datatype = entry.get("datatype")
-    if datatype != tensor.datatype:
-        raise BadInputError(
-            f"{what}: datatype {datatype!r} does not match the model's {tensor.datatype}"
-        )
+    if datatype not in V2_TO_NUMPY:
+        raise BadInputError(f"{what}: datatype {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
     shape = entry.get("shape")
     if not (
         isinstance(shape, list)
         and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise BadInputError(f"{what}: shape must be a list of non-negative integers")
-    if len(shape) != len(tensor.dims) + 1 or tuple(shape[1:]) != tensor.dims:
-        raise BadInputError(
-            f"{what}: shape {shape} does not match the model's [-1, "
-            f"{', '.join(map(str, tensor.dims))}]"
-        )
-    if shape[0] == 0:
-        raise BadInputError("empty batch: send at least one instance")
-    if max_batch and shape[0] > max_batch:
-        raise PayloadTooLargeError(f"batch of {shape[0]} is above the maximum of {max_batch}")
     count = math.prod(shape)
-    dtype = tensor.numpy_dtype
+    dtype = V2_TO_NUMPY[datatype]
     parameters = entry.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
     if size is not None:
@@ -200,7 +175,7 @@ def _v2_input(
         if size != count * dtype.itemsize:
             raise BadInputError(
                 f"{what}: binary_data_size {size} does not match shape {shape} of "
-                f"{tensor.datatype} ({count * dtype.itemsize} bytes)"
+                f"{datatype} ({count * dtype.itemsize} bytes)"
             )
         if offset + size > len(binary):
             raise BadInputError(
@@ -210,19 +185,19 @@ def _v2_input(
         array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
         if dtype.kind == "f" and not np.isfinite(array).all():
             raise BadInputError(f"{what}: binary data holds NaN or infinity")
-        return name, array.reshape(shape), offset + size
+        return RequestInput(array.reshape(shape), name, datatype), offset + size
     if "data" not in entry:
         raise BadInputError(f"{what}: needs 'data' or parameters.binary_data_size")
-    array = json_array(entry["data"], what, dtype)
+    array = cast(numbers(entry["data"], what), dtype, what)
     if array.size != count:
         raise BadInputError(
             f"{what}: data holds {array.size} values but shape {shape} needs {count}"
         )
-    return name, array.reshape(shape), offset
+    return RequestInput(array.reshape(shape), name, datatype), offset
 
 
-def decode_v2(body: bytes, header_length: str | None, model: Model, max_batch: int) -> V2Request:
-    """Decode a JSON or binary-extension inference request for ``model``."""
+def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
+    """Decode a JSON or binary-extension inference request."""
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -242,66 +217,56 @@ def decode_v2(body: bytes, header_length: str | None, model: Model, max_batch: i
     if request_id is not None and not isinstance(request_id, str):
         raise BadInputError("'id' must be a string")
 
-    inputs: dict[str, np.ndarray] = {}
+    inputs: list[RequestInput] = []
     offset = 0
     for entry in payload["inputs"]:
-        name, array, offset = _v2_input(entry, model, binary, offset, max_batch)
-        if name in inputs:
-            raise BadInputError(f"input {name!r} appears twice")
-        inputs[name] = array
-    missing = [t.name for t in model.inputs if t.name not in inputs]
-    if missing:
-        raise BadInputError(f"missing input(s) {missing} for model {model.name!r}")
+        tensor, offset = _v2_input(entry, binary, offset)
+        inputs.append(tensor)
     if offset != len(binary):
         raise BadInputError(
             f"binary data holds {len(binary) - offset} bytes beyond the declared inputs"
         )
-    if len({a.shape[0] for a in inputs.values()}) > 1:
-        raise BadInputError("inputs have different batch sizes")
-
     binary_default = _bool_parameter(payload, "binary_data_output", "request")
     requested = payload.get("outputs")
-    if requested is None:
-        return V2Request(request_id, inputs, [(n, binary_default) for n in model.output_names])
+    if requested is None or requested == []:
+        return InferenceRequest(inputs, None, binary_default, request_id)
     if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
         raise BadInputError("'outputs' must be a list of objects")
     outputs = []
     for entry in requested:
         name = entry.get("name")
-        if name not in model.output_names:
-            raise BadInputError(
-                f"unknown output {name!r} for model {model.name!r}; expected {model.output_names}"
-            )
-        outputs.append((name, _bool_parameter(entry, "binary_data", f"output {name!r}")))
-    return V2Request(
-        request_id, inputs, outputs or [(n, binary_default) for n in model.output_names]
-    )
+        if not isinstance(name, str):
+            raise BadInputError("each of 'outputs' needs a 'name' string")
+        outputs.append(
+            RequestOutput(name, _bool_parameter(entry, "binary_data", f"output {name!r}"))
+        )
+    return InferenceRequest(inputs, outputs, binary_default, request_id)
 
 
-def encode_v2(
-    model: Model, request: V2Request, results: dict[str, np.ndarray]
-) -> tuple[bytes, dict[str, str]]:
+def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
     """The response body and headers; binary outputs follow the JSON header."""
-    datatypes = {t.name: t.datatype for t in model.config.outputs}
+    datatypes = {t.name: t.datatype for t in result.model.outputs}
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, binary in request.outputs:
-        array = results[name]
+    for name, array in result.outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": array.shape}
-        if binary:
+        if result.binary.get(name):
             blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
             entry["data"] = array.reshape(-1)
         outputs.append(entry)
-    response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
-    if request.id is not None:
-        response["id"] = request.id
+    response: dict[str, Any] = {
+        "model_name": result.model.name,
+        "model_version": result.model.version,
+    }
+    if result.id is not None:
+        response["id"] = result.id
     response["outputs"] = outputs
     header = dumps(response)
     if not blobs:
-        return header, {"content-type": "application/json"}
+        return header, {"content-type": JSON}
     return b"".join([header, *blobs]), {
         HEADER_LENGTH: str(len(header)),
         "content-type": OCTET_STREAM,
@@ -322,7 +287,7 @@ def parse_shape(text: str, what: str) -> tuple[int, ...]:
     return shape
 
 
-def decode_activation_json(body: bytes, max_elements: int) -> tuple[np.ndarray, bool]:
+def decode_activation_json(body: bytes) -> tuple[np.ndarray, bool]:
     """``{"data": nested list, "derivative": bool}`` -> float32 array and the flag."""
     payload = loads(body)
     if not isinstance(payload, dict) or "data" not in payload:
@@ -330,17 +295,15 @@ def decode_activation_json(body: bytes, max_elements: int) -> tuple[np.ndarray, 
     derivative = payload.get("derivative", False)
     if not isinstance(derivative, bool):
         raise BadInputError("'derivative' must be true or false")
-    array = json_array(payload["data"], "data", V2_TO_NUMPY["FP32"])
-    check_elements(array.size, max_elements)
+    array = cast(numbers(payload["data"], "data"), V2_TO_NUMPY["FP32"], "data")
     return array, derivative
 
 
-def decode_activation_binary(body: bytes, shape: str | None, max_elements: int) -> np.ndarray:
-    """Raw little-endian float32 -> array of ``shape`` (default: one dimension)."""
+def decode_activation_binary(body: bytes, shape: str | None) -> np.ndarray:
+    """Raw little-endian float32 -> array of ``shape`` (default: one dimension); no copy."""
     if len(body) % 4:
         raise BadInputError(f"binary body of {len(body)} bytes is not whole float32 values")
     count = len(body) // 4
-    check_elements(count, max_elements)
     dims = parse_shape(shape, "shape") if shape else (count,)
     if math.prod(dims) != count:
         raise BadInputError(
@@ -349,10 +312,12 @@ def decode_activation_binary(body: bytes, shape: str | None, max_elements: int) 
     return np.frombuffer(body, dtype="<f4").reshape(dims)
 
 
-def check_elements(count: int, max_elements: int) -> None:
-    """Refuse an activation array above the configured maximum."""
-    if count > max_elements:
-        raise PayloadTooLargeError(
-            f"array of {count} values is above the maximum of {max_elements} "
-            "(GELU_MAX_ACTIVATION_ELEMENTS)"
-        )
+def encode_activation_json(name: str, derivative: bool, y: np.ndarray) -> bytes:
+    """``{"name", "derivative", "shape", "data"}``, the data nested as the input was."""
+    return dumps({"name": name, "derivative": derivative, "shape": y.shape, "data": y})
+
+
+def encode_activation_binary(y: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """Raw little-endian float32, the shape in ``X-Shape``."""
+    headers = {SHAPE_HEADER: ",".join(map(str, y.shape)), "content-type": OCTET_STREAM}
+    return y.astype("<f4", copy=False).tobytes(), headers

@@ -1,125 +1,266 @@
-"""The data plane: what V1, V2 and the activation routes share.
+"""The serving core: built, started and stopped with no web framework.
 
-It owns the loaded repository and activation sessions, looks models up, and runs inference off
-the event loop. The routes only translate HTTP to and from the calls here.
+``DataPlane(settings)`` owns the model repository's sessions, the batchers, the activation
+evaluator and the metrics. ``await start()`` loads, checks and warms every model version and
+builds the activation graphs; ``await stop()`` drains the batchers. Every face (the FastAPI
+app, a Ray Serve replica, the tests) builds one and translates its protocol to the calls here:
+``infer``, ``activate``, ``model_info``. Requests are checked against the model here, once,
+so every face gives the same answer to the same mistake.
 """
 
 from __future__ import annotations
 
-import json
+import gc
+import logging
 
 import anyio.to_thread
 import numpy as np
 
 from service.activations import ACTIVATIONS, ActivationEvaluator
 from service.batching import Batcher
-from service.errors import NotFoundError, NotReadyError
+from service.codecs import cast
+from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
+from service.inference import (
+    InferenceRequest,
+    InferenceResult,
+    ModelInfo,
+    RequestInput,
+    RequestOutput,
+    TensorInfo,
+)
 from service.metrics import Metrics
-from service.runtime import Model, ModelRepository
+from service.runtime import Model, ModelRepository, SessionFactory, session_options
 from service.settings import Settings
+
+logger = logging.getLogger("gelu_serve")
 
 
 class DataPlane:
     """Models, activations and inference, independent of any wire protocol."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        repository: ModelRepository,
-        activations: ActivationEvaluator,
-        metrics: Metrics,
-    ) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self.repository = repository
-        self.activations = activations
-        self.metrics = metrics
+        self.metrics = metrics or Metrics(settings.prometheus_multiproc_dir is not None)
+        self.repository = ModelRepository({})
         self.batchers: dict[tuple[str, str], Batcher] = {}
-        for model in repository.all():
-            for provider in model.providers:
-                metrics.providers.labels(model.name, model.version, provider).set(1)
+        self._activations: ActivationEvaluator | None = None
+        self._info_cache: dict[tuple[str, str], ModelInfo] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start a batcher for every model version that batches; call on the event loop."""
+        """Load, check and warm every model version (off the event loop), build the activation
+        graphs, start a batcher per batching version; ``StartupError`` says what is wrong."""
         settings = self.settings
+        options = session_options(settings.intra_op_threads, settings.inter_op_threads)
+        sessions = SessionFactory(settings.ort_providers, options, settings.strict_providers)
+        self.repository = await anyio.to_thread.run_sync(
+            ModelRepository.load, settings.model_repository, sessions, settings.warmup_runs
+        )
+        self._activations = await anyio.to_thread.run_sync(ActivationEvaluator, sessions)
         for model in self.repository.all():
+            for provider in model.providers:
+                self.metrics.providers.labels(model.name, model.version, provider).set(1)
             config = model.config
-            if not (settings.batching and config.dynamic_batching):
-                continue
-            delay = settings.max_queue_delay_us
-            if delay is None:
-                delay = config.max_queue_delay_us or 0
-            size = settings.batch_max_size or config.max_batch_size
-            batcher = Batcher(model, size, delay, self.metrics)
-            batcher.start()
-            self.batchers[model.name, model.version] = batcher
+            if settings.batching and config.dynamic_batching:
+                delay = settings.max_queue_delay_us
+                if delay is None:
+                    delay = config.max_queue_delay_us or 0
+                size = settings.batch_max_size or config.max_batch_size
+                batcher = Batcher(model, size, delay, self.metrics)
+                batcher.start()
+                self.batchers[model.name, model.version] = batcher
+        # What start-up allocated lives as long as the process: keep the collector off it, so
+        # collections under load scan only the requests' own objects (shorter GC pauses).
+        gc.collect()
+        gc.freeze()
+        logger.info(
+            "ready: %d model version(s) from %s, %d batching",
+            len(self.repository.all()),
+            settings.model_repository,
+            len(self.batchers),
+        )
 
     async def stop(self) -> None:
-        """Stop every batcher."""
+        """Stop every batcher; what is still queued fails. The core is not ready after."""
+        self._activations = None
         for batcher in self.batchers.values():
             await batcher.stop()
         self.batchers.clear()
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.repository.all())
+        """True between a successful ``start()`` and ``stop()``."""
+        return self._activations is not None
+
+    # ---- models --------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        """Every model the repository holds."""
+        return list(self.repository.models)
 
     def model(self, name: str, version: str | None = None) -> Model:
-        """A ready model, or 404 / 503."""
-        model = self.repository.get(name, version)
-        if not model.ready:
-            raise NotReadyError(f"model {name!r} version {model.version} is not ready")
-        return model
+        """A loaded model version (default: the latest), or 404; 503 before start."""
+        if not self.ready:
+            raise NotReadyError("the service is not ready: its models are not loaded")
+        return self.repository.get(name, version)
 
     def max_batch(self, model: Model) -> int:
         """The largest batch one request may carry for ``model``."""
         return self.settings.max_request_batch or model.config.max_batch_size
 
+    def model_info(self, name: str, version: str | None = None) -> ModelInfo:
+        """Plain data about a model version, for the faces to describe it."""
+        model = self.model(name, version)
+        meta, config = model.metadata, model.config
+        return ModelInfo(
+            name=model.name,
+            version=model.version,
+            versions=list(self.repository.models[name]),
+            platform=config.platform,
+            task=meta.task,
+            arch=meta.arch,
+            activation=meta.activation,
+            label_names=meta.label_names,
+            inputs=[TensorInfo(t.name, t.datatype, t.dims) for t in config.inputs],
+            outputs=[TensorInfo(t.name, t.datatype, t.dims) for t in config.outputs],
+            input_normalisation=meta.input_normalisation,
+            metrics=meta.metrics,
+            max_batch_size=self.max_batch(model),
+            providers=model.providers,
+            dynamic_batching=config.dynamic_batching,
+            max_queue_delay_us=config.max_queue_delay_us,
+            config_max_batch_size=config.max_batch_size,
+        )
+
+    # ---- inference -----------------------------------------------------------------------------
+
     async def infer(
-        self, model: Model, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        """Run ``model`` through its batcher, or alone in a worker thread (onnxruntime
-        releases the GIL)."""
+        self, name: str, version: str | None, request: InferenceRequest
+    ) -> InferenceResult:
+        """Check ``request`` against the model, run it (batched when the model batches) and
+        return the outputs asked for."""
+        model = self.model(name, version)
+        inputs = self._check_inputs(model, request.inputs)
+        outputs = self._check_outputs(model, request)
+        names = [o.name for o in outputs]
         batcher = self.batchers.get((model.name, model.version))
         if batcher is not None:
-            return await batcher.infer(inputs, outputs)
-        batch = len(next(iter(inputs.values())))
-        self.metrics.batch_size.labels(model.name).observe(batch)
-        return await anyio.to_thread.run_sync(model.infer, inputs, outputs)
+            results = await batcher.infer(inputs, names)
+        else:
+            batch = len(next(iter(inputs.values())))
+            self.metrics.batch_size.labels(model.name).observe(batch)
+            # onnxruntime releases the GIL: the run proceeds beside the event loop.
+            results = await anyio.to_thread.run_sync(model.infer, inputs, names)
+        return InferenceResult(
+            model=self._result_info(model),
+            outputs={n: results[n] for n in names},
+            binary={o.name: o.binary for o in outputs},
+            inputs=inputs,
+            id=request.id,
+        )
+
+    def _result_info(self, model: Model) -> ModelInfo:
+        # Cached per model version: building it costs more than a small model's run.
+        key = (model.name, model.version)
+        info = self._info_cache.get(key)
+        if info is None:
+            info = self._info_cache[key] = self.model_info(model.name, model.version)
+        return info
+
+    def _check_inputs(self, model: Model, given: list[RequestInput]) -> dict[str, np.ndarray]:
+        """Names, datatypes, shapes, batch sizes and limits against the model."""
+        declared = {t.name: t for t in model.config.inputs}
+        inputs: dict[str, np.ndarray] = {}
+        for tensor in given:
+            if tensor.name is None:  # V1: the model's only input
+                if len(declared) != 1:
+                    raise BadInputError(
+                        f"model {model.name!r} takes inputs {sorted(declared)}: name them (V2)"
+                    )
+                config = next(iter(declared.values()))
+                array = cast(tensor.array, config.numpy_dtype, tensor.describe())
+            else:
+                config = declared.get(tensor.name)  # type: ignore[assignment]
+                if config is None:
+                    raise BadInputError(
+                        f"unknown input {tensor.name!r} for model {model.name!r}; "
+                        f"expected {sorted(declared)}"
+                    )
+                if tensor.datatype != config.datatype:
+                    raise BadInputError(
+                        f"{tensor.describe()}: datatype {tensor.datatype!r} does not match "
+                        f"the model's {config.datatype}"
+                    )
+                array = tensor.array
+            what = tensor.describe()
+            if config.name in inputs:
+                raise BadInputError(f"{what} appears twice")
+            if array.ndim >= 1 and len(array) == 0:
+                raise BadInputError("empty batch: send at least one instance")
+            if array.ndim == 0 or array.shape[1:] != config.dims:
+                raise BadInputError(
+                    f"{what}: shape {list(array.shape)} does not match the model's "
+                    f"[-1, {', '.join(map(str, config.dims))}] (each instance must have shape "
+                    f"{list(config.dims)})"
+                )
+            maximum = self.max_batch(model)
+            if maximum and len(array) > maximum:
+                raise PayloadTooLargeError(
+                    f"batch of {len(array)} is above the maximum of {maximum}"
+                )
+            inputs[config.name] = array
+        missing = [n for n in declared if n not in inputs]
+        if missing:
+            raise BadInputError(f"missing input(s) {missing} for model {model.name!r}")
+        if len({len(a) for a in inputs.values()}) > 1:
+            raise BadInputError("inputs have different batch sizes")
+        return inputs
+
+    @staticmethod
+    def _check_outputs(model: Model, request: InferenceRequest) -> list[RequestOutput]:
+        if request.outputs is None:
+            return [RequestOutput(n, request.binary_outputs) for n in model.output_names]
+        for output in request.outputs:
+            if output.name not in model.output_names:
+                raise BadInputError(
+                    f"unknown output {output.name!r} for model {model.name!r}; "
+                    f"expected {model.output_names}"
+                )
+        return request.outputs
+
+    # ---- activations ---------------------------------------------------------------------------
+
+    def activation_names(self) -> list[str]:
+        """Every activation the core evaluates."""
+        return list(ACTIVATIONS)
+
+    def activation_formulas(self) -> list[tuple[str, str, str]]:
+        """(name, formula, derivative's formula) of every activation."""
+        return [(a.name, a.formula, a.derivative_formula) for a in ACTIVATIONS.values()]
+
+    def activation_providers(self) -> list[str]:
+        """The execution providers the activation graphs run on."""
+        return self._evaluator().providers
 
     def check_activation(self, name: str) -> None:
         """404 for an activation that does not exist."""
         if name not in ACTIVATIONS:
             raise NotFoundError(f"unknown activation {name!r}; available: {', '.join(ACTIVATIONS)}")
 
-    async def activate(self, name: str, x: np.ndarray, derivative: bool) -> np.ndarray:
+    async def activate(self, name: str, x: np.ndarray, derivative: bool = False) -> np.ndarray:
         """Evaluate activation ``name`` (or its derivative) elementwise, off the event loop."""
+        evaluator = self._evaluator()
         self.check_activation(name)
-        return await anyio.to_thread.run_sync(self.activations.evaluate, name, x, derivative)
+        limit = self.settings.max_activation_elements
+        if x.size > limit:
+            raise PayloadTooLargeError(
+                f"array of {x.size} values is above the maximum of {limit} "
+                "(GELU_MAX_ACTIVATION_ELEMENTS)"
+            )
+        return await anyio.to_thread.run_sync(evaluator.evaluate, name, x, derivative)
 
-    def summary(self, name: str) -> dict[str, object]:
-        """A model's V1 description: versions, task, labels, tensors, providers, metrics."""
-        latest = self.repository.get(name)
-        meta = latest.metadata
-        return {
-            "name": name,
-            "versions": list(self.repository.models[name]),
-            "latest_version": latest.version,
-            "ready": all(m.ready for m in self.repository.models[name].values()),
-            "platform": latest.config.platform,
-            "task": latest.task,
-            "activation": meta.get("activation", ""),
-            "arch": meta.get("arch", ""),
-            "label_names": latest.label_names,
-            "inputs": tensor_metadata(latest, inputs=True),
-            "outputs": tensor_metadata(latest, inputs=False),
-            "input_normalisation": json.loads(meta.get("input_normalisation", "{}")),
-            "max_batch_size": self.max_batch(latest),
-            "providers": latest.providers,
-            "metrics": json.loads(meta.get("metrics", "{}")),
-        }
-
-
-def tensor_metadata(model: Model, inputs: bool) -> list[dict[str, object]]:
-    """Tensors as the Open Inference Protocol describes them: -1 for the batch dimension."""
-    tensors = model.config.inputs if inputs else model.config.outputs
-    return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in tensors]
+    def _evaluator(self) -> ActivationEvaluator:
+        if self._activations is None:
+            raise NotReadyError("the service is not ready: the activation graphs are not built")
+        return self._activations

@@ -6,10 +6,6 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -18,12 +14,6 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -73,55 +63,3 @@ class Metrics:
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
         return generate_latest(self.registry)
-
-
-class MetricsMiddleware:
-    """Counts, times and tracks in-flight requests by route template and model (pure ASGI)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-        # labels() takes a lock and builds a key on each call; keep each label set's children.
-        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
-
-    def _observe(self, endpoint: str, model: str, status: int, seconds: float) -> None:
-        key = (endpoint, model, status)
-        children = self._children.get(key)
-        if children is None:
-            metrics, code = self.metrics, str(status)
-            children = (
-                metrics.requests.labels(endpoint, model, code),
-                metrics.failures.labels(endpoint, model, code) if status >= 400 else None,
-                metrics.latency.labels(endpoint, model),
-            )
-            self._children[key] = children
-        requests, failures, latency = children
-        requests.inc()
-        if failures is not None:
-            failures.inc()
-        latency.observe(seconds)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        start = time.perf_counter()
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            self.metrics.in_flight.dec()
-            route = scope.get("route")
-            endpoint = getattr(route, "path", "unmatched")
-            # A 404's name is the client's string: keep it out of the label set.
-            path_params = scope.get("path_params", {}) if route and status != 404 else {}
-            model = path_params.get("name", "")
-            self._observe(endpoint, model, status, time.perf_counter() - start)

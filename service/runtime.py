@@ -7,7 +7,6 @@ provider, and warms the session up.
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -16,22 +15,18 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.errors import BadInputError, NotFoundError, PayloadTooLargeError, StartupError
-from service.model_config import (
+from contract.metadata import ModelMetadata
+from contract.model_config import (
     ONNX_TO_V2,
     ConfigParseError,
     ModelConfig,
     TensorConfig,
     load_model_config,
 )
+from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
+from service.errors import NotFoundError, StartupError
 
 logger = logging.getLogger("gelu_serve")
-
-CONFIG_FILENAME = "config.pbtxt"
-MODEL_FILENAME = "model.onnx"
-# The ONNX contract written by export/: these output names carry these meanings.
-PROBABILITIES_OUTPUT = "probabilities"
-RECONSTRUCTION_OUTPUT = "reconstruction"
 
 
 def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
@@ -101,19 +96,15 @@ class Model:
     config: ModelConfig
     session: ort.InferenceSession
     providers: list[str]
-    metadata: dict[str, str]
-    ready: bool = False
+    metadata: ModelMetadata
     output_names: list[str] = field(init=False)
-    # Parsed once here: V1 needs the labels on every classifier prediction.
-    label_names: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
-        self.label_names = json.loads(self.metadata.get("label_names", "[]"))
 
     @property
     def task(self) -> str:
-        return self.metadata.get("task", "")
+        return self.metadata.task
 
     @property
     def inputs(self) -> tuple[TensorConfig, ...]:
@@ -132,7 +123,6 @@ class Model:
         for batch in (1, 8, 1, 8)[:runs]:
             feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
             self.infer(feed)
-        self.ready = True
 
     def check_against_config(self) -> None:
         """The session's inputs and outputs must be exactly those ``config.pbtxt`` declares."""
@@ -198,7 +188,7 @@ class ModelRepository:
             raise StartupError(f"{config_path}: {exc}") from None
         if config.name != model_dir.name:
             raise StartupError(f"{config_path}: name {config.name!r} != directory name")
-        if config.platform != "onnxruntime_onnx":
+        if config.platform != PLATFORM:
             raise StartupError(f"{config_path}: platform {config.platform!r} is not served")
         versions: dict[str, Model] = {}
         for version_dir in sorted(
@@ -207,7 +197,10 @@ class ModelRepository:
         ):
             label = f"{model_dir.name}/{version_dir.name}"
             session, in_use = sessions.create(str(version_dir / MODEL_FILENAME), label)
-            meta = session.get_modelmeta().custom_metadata_map
+            try:
+                meta = ModelMetadata.from_props(session.get_modelmeta().custom_metadata_map)
+            except ValueError as exc:
+                raise StartupError(f"{label}: unreadable metadata_props: {exc}") from None
             model = Model(model_dir.name, version_dir.name, config, session, in_use, meta)
             model.check_against_config()
             model.warm_up(warmup_runs)
@@ -235,12 +228,3 @@ class ModelRepository:
     def all(self) -> list[Model]:
         """Every loaded model version."""
         return [m for versions in self.models.values() for m in versions.values()]
-
-
-def check_batch(model: Model, batch: int, limit: int) -> None:
-    """Refuse an empty batch or one above ``limit`` (0: the model's ``max_batch_size``)."""
-    maximum = limit or model.config.max_batch_size
-    if batch < 1:
-        raise BadInputError("empty batch: send at least one instance")
-    if maximum and batch > maximum:
-        raise PayloadTooLargeError(f"batch of {batch} is above the maximum of {maximum}")

@@ -1,4 +1,9 @@
-"""Shared fixtures: quick real checkpoints and a real exported model repository."""
+"""Shared fixtures.
+
+``model_repository``: tiny models built with ``onnx.helper``, torch-free, for the service's
+tests. ``trained_repository``: quick real checkpoints exported by ``export/``, for the export
+and end-to-end tests (these need the [train] extra).
+"""
 
 from __future__ import annotations
 
@@ -35,10 +40,18 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def model_repository(
+def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Torch-free: a classifier with two versions, a tanh classifier, an autoencoder."""
+    from tests.onnx_models import build_repository
+
+    return build_repository(tmp_path_factory.mktemp("onnx_repository"))
+
+
+@pytest.fixture(scope="session")
+def trained_repository(
     tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path]
 ) -> Path:
-    """A real repository: a classifier with two versions, a tanh classifier, an autoencoder."""
+    """Exported from real checkpoints, laid out as ``model_repository``."""
     from export.onnx_export import export_checkpoint
 
     repo = tmp_path_factory.mktemp("model_repository")
@@ -65,7 +78,7 @@ def client(settings_factory):
     """A TestClient over the real app with its lifespan run (models loaded and warmed)."""
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.rest.app import create_app
 
     settings = settings_factory(max_body_bytes=1 << 20, max_activation_elements=100_000)
     with TestClient(create_app(settings)) as test_client:

@@ -55,6 +55,7 @@ def test_no_subcommand_prints_usage_listing_every_subcommand() -> None:
     assert set(OPTIONS) == set(SUBCOMMANDS)
 
 
+@pytest.mark.slow
 def test_models_shows_progress_per_epoch_and_the_table(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="training needs the [train] extra")
     result = gelu_serve(
@@ -77,6 +78,7 @@ def _one_error_line(result: subprocess.CompletedProcess[str], needle: str) -> No
     assert needle in lines[0]
 
 
+@pytest.mark.slow
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     out = str(tmp_path / "x.pt")
     _one_error_line(gelu_serve("train", "--activation", "swish", "--out", out),

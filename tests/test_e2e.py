@@ -23,6 +23,8 @@ import pytest
 
 from tests.helpers import DIGITS
 
+pytestmark = pytest.mark.slow  # real servers or training
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,10 +51,10 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60) -> Non
 
 
 @contextmanager
-def serving(model_repository: Path, *args: str) -> Iterator[int]:
+def serving(trained_repository: Path, *args: str) -> Iterator[int]:
     """``gelu-serve serve`` in its own process, stopped with SIGTERM."""
     port = free_port()
-    env = {**os.environ, "GELU_MODEL_REPOSITORY": str(model_repository), "GELU_WARMUP_RUNS": "1"}
+    env = {**os.environ, "GELU_MODEL_REPOSITORY": str(trained_repository), "GELU_WARMUP_RUNS": "1"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
@@ -72,12 +74,12 @@ def serving(model_repository: Path, *args: str) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def server(model_repository: Path) -> Iterator[int]:
-    with serving(model_repository) as port:
+def server(trained_repository: Path) -> Iterator[int]:
+    with serving(trained_repository) as port:
         yield port
 
 
-def test_metrics_add_up_across_worker_processes(model_repository: Path) -> None:
+def test_metrics_add_up_across_worker_processes(trained_repository: Path) -> None:
     body = json.dumps({"instances": DIGITS[:1].tolist()})
 
     def predict(_: int) -> int:
@@ -87,7 +89,7 @@ def test_metrics_add_up_across_worker_processes(model_repository: Path) -> None:
         conn.close()
         return status
 
-    with serving(model_repository, "--workers", "2") as port:
+    with serving(trained_repository, "--workers", "2") as port:
         # Many connections at once, so that both workers accept some of them.
         with ThreadPoolExecutor(16) as pool:
             assert set(pool.map(predict, range(200))) == {200}

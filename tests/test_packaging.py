@@ -26,7 +26,7 @@ import sys
 sys.modules["torch"] = None  # any import of torch now raises ImportError
 sys.modules["models"] = None
 from fastapi.testclient import TestClient
-from service.app import create_app
+from service.rest.app import create_app
 from service.settings import Settings
 with TestClient(create_app(Settings(model_repository={str(model_repository)!r}))) as client:
     response = client.post("/v1/models/digits-mlp:predict", json={{"instances": [[0.5] * 64]}})

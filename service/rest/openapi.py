@@ -3,7 +3,7 @@
 The document tells the truth: FastAPI documents a 422 on every operation with parameters, but
 this service answers every client mistake with 400 (or 404/413) and ``{"error": "..."}``, so
 the 422s and their schemas are taken out; each route declares its own error statuses and
-binary forms (``service.schemas.responses``).
+binary forms (``service.rest.schemas.responses``).
 
 FastAPI's UIs load from a CDN: a blank page on an air-gapped host. The assets come from the
 ``fastapi-offline`` package instead (installed with the service) and are served here, and the

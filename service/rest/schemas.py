@@ -204,7 +204,7 @@ def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str,
 
 
 # What each error status means, wherever an operation can answer it; the body is always
-# ``ErrorResponse``. FastAPI's own 422 never happens here (see ``service.openapi``).
+# ``ErrorResponse``. FastAPI's own 422 never happens here (see ``service.rest.openapi``).
 ERROR_DESCRIPTIONS = {
     400: "malformed or mismatched input, or an invalid query parameter",
     404: "unknown model, version or activation",

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from models.networks import ConfigError, ModelConfig, build_model  # noqa: E402
+from models.networks import ConfigError, NetworkConfig, build_model  # noqa: E402
 from models.train import CheckpointError, load_checkpoint  # noqa: E402
 from tests.conftest import train_quick  # noqa: E402
 
@@ -17,7 +17,7 @@ from tests.conftest import train_quick  # noqa: E402
 @pytest.mark.parametrize("arch", ["mlp", "autoencoder", "cnn"])
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "gelu_sigmoid", "relu"])
 def test_every_architecture_takes_every_activation(arch: str, activation: str) -> None:
-    config = ModelConfig(
+    config = NetworkConfig(
         arch=arch,
         activation=activation,
         input_shape=(1, 8, 8) if arch == "cnn" else (64,),
@@ -30,7 +30,7 @@ def test_every_architecture_takes_every_activation(arch: str, activation: str) -
 
 
 def test_paper_mlp_shape() -> None:
-    config = ModelConfig("mlp", "gelu", (784,), (128,) * 8, 10)
+    config = NetworkConfig("mlp", "gelu", (784,), (128,) * 8, 10)
     linears = [m for m in build_model(config).modules() if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(784, 128)] + [(128, 128)] * 7 + [
         (128, 10)
@@ -52,7 +52,7 @@ def test_bad_configs_are_refused(changes: dict, message: str) -> None:
     base = {"arch": "mlp", "activation": "gelu", "input_shape": (64,), "hidden": (8,),
             "num_classes": 10}  # fmt: skip
     with pytest.raises(ValueError, match=message):
-        ModelConfig(**{**base, **changes}).validate()
+        NetworkConfig(**{**base, **changes}).validate()
 
 
 def test_training_is_deterministic(tmp_path: Path) -> None:

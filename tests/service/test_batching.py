@@ -139,7 +139,7 @@ def test_batching_through_the_app(settings_factory) -> None:
     """Batching on and off give the same answers; /metrics shows batches and queue time."""
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.rest.app import create_app
 
     answers = []
     for batching in (True, False):

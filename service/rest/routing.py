@@ -1,6 +1,6 @@
-"""HTTP faces over the data plane: V1 (KServe style), V2 (Open Inference Protocol), activations.
+"""How the HTTP routes are registered, and how they reach the serving core.
 
-Routes take the data plane from the app's state with ``get_plane(request)``. The inference
+Routes take the core from the app's state with ``get_plane(request)``. The inference
 routes use ``DirectRoute``: FastAPI's per-request dependency resolution was most of a small
 model's request time (py-spy under wrk; see docs/benchmarks.md). ``add_model_route`` registers
 one endpoint on a model's path and on its ``/versions/{version}`` form.

@@ -25,19 +25,21 @@ from export.repository import RepositoryError  # noqa: E402
 from models.activations import make_activation  # noqa: E402
 from models.train import file_sha256, load_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real servers or training
+
 
 def ops(path: Path) -> list[str]:
     return [n.op_type for n in onnx.load(str(path)).graph.node]
 
 
-def test_default_repository_layout(model_repository: Path) -> None:
-    assert sorted(p.name for p in model_repository.iterdir()) == [
+def test_default_repository_layout(trained_repository: Path) -> None:
+    assert sorted(p.name for p in trained_repository.iterdir()) == [
         "digits-autoencoder", "digits-mlp", "digits-mlp-tanh"
     ]  # fmt: skip
-    assert sorted(p.name for p in (model_repository / "digits-mlp").iterdir()) == [
+    assert sorted(p.name for p in (trained_repository / "digits-mlp").iterdir()) == [
         "1", "2", "config.pbtxt"
     ]  # fmt: skip
-    config = (model_repository / "digits-mlp" / "config.pbtxt").read_text()
+    config = (trained_repository / "digits-mlp" / "config.pbtxt").read_text()
     assert 'platform: "onnxruntime_onnx"' in config
     assert "max_batch_size: 256" in config and "dims: [ 64 ]" in config
 
@@ -47,9 +49,9 @@ def test_default_repository_layout(model_repository: Path) -> None:
     [("digits-mlp", "none", 2), ("digits-mlp-tanh", "tanh", 1), ("digits-autoencoder", "none", 2)],
 )
 def test_gelu_layers_become_native_gelu_nodes(
-    model_repository: Path, model: str, approximate: str, count: int
+    trained_repository: Path, model: str, approximate: str, count: int
 ) -> None:
-    graph = onnx.load(str(model_repository / model / "1" / "model.onnx"))
+    graph = onnx.load(str(trained_repository / model / "1" / "model.onnx"))
     gelus = [n for n in graph.graph.node if n.op_type == "Gelu"]
     assert len(gelus) == count
     for node in gelus:
@@ -100,10 +102,10 @@ def test_parity_check_catches_a_wrong_graph(tmp_path: Path, checkpoints: dict[st
 
 @pytest.mark.parametrize("batch", [1, 7, 256])
 def test_onnxruntime_matches_pytorch(
-    model_repository: Path, checkpoints: dict[str, Path], batch: int
+    trained_repository: Path, checkpoints: dict[str, Path], batch: int
 ) -> None:
     _, model, _ = load_checkpoint(checkpoints["mlp"])
-    session = ort.InferenceSession(str(model_repository / "digits-mlp" / "1" / "model.onnx"))
+    session = ort.InferenceSession(str(trained_repository / "digits-mlp" / "1" / "model.onnx"))
     x = np.random.default_rng(batch).random((batch, 64), dtype=np.float32)
     logits, probs = session.run(["logits", "probabilities"], {"input": x})
     with torch.no_grad():
@@ -112,8 +114,8 @@ def test_onnxruntime_matches_pytorch(
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
 
 
-def test_metadata(model_repository: Path, checkpoints: dict[str, Path]) -> None:
-    graph = onnx.load(str(model_repository / "digits-mlp" / "2" / "model.onnx"))
+def test_metadata(trained_repository: Path, checkpoints: dict[str, Path]) -> None:
+    graph = onnx.load(str(trained_repository / "digits-mlp" / "2" / "model.onnx"))
     meta = {p.key: p.value for p in graph.metadata_props}
     assert meta["name"] == "digits-mlp" and meta["version"] == "2"
     assert meta["activation"] == "gelu" and meta["task"] == "classification"

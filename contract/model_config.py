@@ -1,7 +1,9 @@
-"""Read Triton's ``config.pbtxt`` (protobuf text format) into a typed ``ModelConfig``.
+"""Triton's ``config.pbtxt`` (protobuf text format) as a typed ``ModelConfig``, both ways.
 
-Only the subset a model repository for onnxruntime needs is interpreted; the parser itself
-handles the whole text-format grammar of scalars, lists and nested messages.
+Export writes it with ``ModelConfig.to_pbtxt()``; the service reads it with
+``load_model_config()``. Only the subset a model repository for onnxruntime needs is
+interpreted; the parser itself handles the whole text-format grammar of scalars, lists and
+nested messages. Torch-free: the service imports it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from contract.names import PLATFORM
 
 # Triton's data types, the Open Inference Protocol's names for them, and numpy's.
 TRITON_TO_V2 = {
@@ -24,6 +28,7 @@ TRITON_TO_V2 = {
     "TYPE_FP32": "FP32",
     "TYPE_FP64": "FP64",
 }
+V2_TO_TRITON = {v2: triton for triton, v2 in TRITON_TO_V2.items()}
 V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -140,6 +145,13 @@ class TensorConfig:
     def numpy_dtype(self) -> np.dtype:
         return V2_TO_NUMPY[self.datatype]
 
+    def to_pbtxt(self) -> str:
+        """This tensor as one entry of an ``input`` or ``output`` list."""
+        return (
+            f'  {{\n    name: "{self.name}"\n    data_type: {V2_TO_TRITON[self.datatype]}\n'
+            f"    dims: [ {', '.join(str(d) for d in self.dims)} ]\n  }}"
+        )
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -152,6 +164,25 @@ class ModelConfig:
     outputs: tuple[TensorConfig, ...]
     dynamic_batching: bool
     max_queue_delay_us: int | None
+
+    def to_pbtxt(self) -> str:
+        """The config.pbtxt text: every version served (``version_policy all``)."""
+
+        def tensors(field: str, specs: tuple[TensorConfig, ...]) -> str:
+            return f"{field} [\n" + ",\n".join(t.to_pbtxt() for t in specs) + "\n]\n"
+
+        text = (
+            f'name: "{self.name}"\n'
+            f'platform: "{self.platform}"\n'
+            f"max_batch_size: {self.max_batch_size}\n"
+            "version_policy: { all: { } }\n"
+            + tensors("input", self.inputs)
+            + tensors("output", self.outputs)
+        )
+        if self.dynamic_batching:
+            delay = self.max_queue_delay_us or 0
+            text += f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay}\n}}\n"
+        return text
 
 
 def _one(fields: dict[str, list[Any]], key: str, default: Any = None) -> Any:
@@ -178,7 +209,7 @@ def load_model_config(text: str) -> ModelConfig:
     delay = _one(batching[-1], "max_queue_delay_microseconds", -1) if batching else -1
     return ModelConfig(
         name=str(_one(fields, "name")),
-        platform=str(_one(fields, "platform", "onnxruntime_onnx")),
+        platform=str(_one(fields, "platform", PLATFORM)),
         max_batch_size=int(_one(fields, "max_batch_size", 0)),
         inputs=tuple(_tensor(f) for f in fields.get("input", [])),
         outputs=tuple(_tensor(f) for f in fields.get("output", [])),

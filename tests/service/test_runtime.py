@@ -11,10 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from export.repository import TensorSpec, config_pbtxt
-from service.app import create_app
 from service.errors import StartupError
-from service.model_config import ConfigParseError, TensorConfig, load_model_config
+from service.rest.app import create_app
 from service.settings import Settings
 from tests.helpers import DIGITS
 
@@ -105,36 +103,6 @@ def test_corrupt_model_file(tmp_path: Path, model_repository: Path) -> None:
         _start(repo)
 
 
-def test_config_pbtxt_round_trip() -> None:
-    text = config_pbtxt(
-        "m", [TensorSpec("input", (1, 8, 8))], [TensorSpec("logits", (10,))], 64, 250
-    )
-    config = load_model_config(text)
-    assert config.name == "m" and config.platform == "onnxruntime_onnx"
-    assert config.max_batch_size == 64 and config.max_queue_delay_us == 250
-    assert config.inputs == (TensorConfig("input", "FP32", (1, 8, 8)),)
-    assert config.outputs == (TensorConfig("logits", "FP32", (10,)),)
-
-
-def test_config_parser_handles_triton_syntax() -> None:
-    text = """
-    # a comment
-    name: "x" platform: "onnxruntime_onnx"
-    max_batch_size: 8
-    input: [ { name: "a", data_type: TYPE_FP32, dims: [ 3 ] } ]
-    input { name: "b" data_type: TYPE_INT64 dims: 2 dims: 2 }
-    output [ { name: "y" data_type: TYPE_FP16 dims: [ -1 ] } ]
-    instance_group [ { count: 2 kind: KIND_CPU } ]
-    """
-    config = load_model_config(text)
-    assert [t.name for t in config.inputs] == ["a", "b"]
-    assert config.inputs[1] == TensorConfig("b", "INT64", (2, 2))
-    assert config.outputs[0].dims == (-1,) and not config.dynamic_batching
-    for bad in ('name: "x', "input [ { name: 1 ", "{", 'name: "x" input { data_type: TYPE_X }'):
-        with pytest.raises(ConfigParseError):
-            load_model_config(bad)
-
-
 def test_metrics_count_requests_latency_and_batches(client) -> None:
     client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:3].tolist()})
     client.post("/v1/models/digits-mlp:predict", json={"instances": []})
@@ -162,6 +130,6 @@ def test_openapi_documents_every_route(client) -> None:
 
 
 def test_every_setting_is_documented_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in Settings.model_fields:
         assert f"`{Settings.variable(name)}`" in readme, name

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
-from service.dataplane import tensor_metadata
-from service.routes import add_model_route, get_plane
-from service.schemas import (
+from service.inference import TensorInfo
+from service.rest.routing import add_model_route, get_plane
+from service.rest.schemas import (
     InferenceRequest,
     InferenceResponse,
     LiveResponse,
@@ -33,23 +33,21 @@ BINARY_RESPONSE = (
 
 
 def _json(payload: object, status_code: int = 200) -> Response:
-    return Response(codecs.dumps(payload), status_code=status_code, media_type="application/json")
+    return Response(codecs.dumps(payload), status_code=status_code, media_type=codecs.JSON)
+
+
+def _tensors(tensors: list[TensorInfo]) -> list[dict[str, object]]:
+    """As the Open Inference Protocol describes them: -1 for the batch dimension."""
+    return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in tensors]
 
 
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Inference with the model (its latest version unless one is named): JSON, or JSON plus
     binary tensors."""
-    plane = get_plane(request)
-    model = plane.model(name, version)
-    decoded = codecs.decode_v2(
-        await request.body(),
-        request.headers.get(codecs.HEADER_LENGTH),
-        model,
-        plane.max_batch(model),
-    )
-    results = await plane.infer(model, decoded.inputs, [n for n, _ in decoded.outputs])
-    body, headers = codecs.encode_v2(model, decoded, results)
-    return Response(body, headers=headers)
+    body, header_length = await request.body(), request.headers.get(codecs.HEADER_LENGTH)
+    result = await get_plane(request).infer(name, version, codecs.decode_v2(body, header_length))
+    content, headers = codecs.encode_v2(result)
+    return Response(content, headers=headers)
 
 
 # The inference routes come first: routing tries routes in order, on every request.
@@ -90,15 +88,14 @@ async def ready(request: Request) -> Response:
 
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
     """A model's versions, platform and tensors (one version's, when named)."""
-    plane = get_plane(request)
-    model = plane.repository.get(name, version)
+    info = get_plane(request).model_info(name, version)
     return _json(
         {
-            "name": name,
-            "versions": [model.version] if version else list(plane.repository.models[name]),
-            "platform": model.config.platform,
-            "inputs": tensor_metadata(model, inputs=True),
-            "outputs": tensor_metadata(model, inputs=False),
+            "name": info.name,
+            "versions": [info.version] if version else info.versions,
+            "platform": info.platform,
+            "inputs": _tensors(info.inputs),
+            "outputs": _tensors(info.outputs),
         }
     )
 
@@ -111,18 +108,18 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
 
 async def model_config(request: Request, name: str, version: str | None = None) -> Response:
     """The model's config.pbtxt as JSON (Triton's model configuration extension)."""
-    config = get_plane(request).repository.get(name, version).config
+    info = get_plane(request).model_info(name, version)
+    batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
     return _json(
         {
-            "name": config.name,
-            "platform": config.platform,
-            "max_batch_size": config.max_batch_size,
+            "name": info.name,
+            "platform": info.platform,
+            "max_batch_size": info.config_max_batch_size,
             "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                      for t in config.inputs],
+                      for t in info.inputs],
             "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                       for t in config.outputs],
-            "dynamic_batching": {"max_queue_delay_microseconds": config.max_queue_delay_us}
-            if config.dynamic_batching else None,
+                       for t in info.outputs],
+            "dynamic_batching": batching if info.dynamic_batching else None,
         }
     )  # fmt: skip
 
@@ -132,7 +129,7 @@ add_model_route(
     "/v2/models/{name}",
     model_metadata,
     response_model=ModelMetadata,
-    responses=responses(404),
+    responses=responses(404, 503),
 )
 add_model_route(
     router,
@@ -141,4 +138,4 @@ add_model_route(
     response_model=ModelReadyResponse,
     responses=responses(404, 503),
 )
-add_model_route(router, "/v2/models/{name}/config", model_config, responses=responses(404))
+add_model_route(router, "/v2/models/{name}/config", model_config, responses=responses(404, 503))

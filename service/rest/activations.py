@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request, Response
 
 from service import codecs
-from service.activations import ACTIVATIONS
-from service.routes import get_plane
-from service.schemas import (
+from service.rest.routing import get_plane
+from service.rest.schemas import (
     ActivationList,
     ActivationRequest,
     ActivationResponse,
@@ -22,22 +21,24 @@ BINARY_BODY = (
 )
 
 
-@router.get("/v1/activations", response_model=ActivationList, responses=responses())
+@router.get("/v1/activations", response_model=ActivationList, responses=responses(503))
 async def list_activations(request: Request) -> Response:
     """The functions, their formulas and derivatives, and the providers evaluating them."""
     plane = get_plane(request)
     listing = [
-        {"name": a.name, "formula": a.formula, "derivative": a.derivative_formula}
-        for a in ACTIVATIONS.values()
+        {"name": name, "formula": formula, "derivative": derivative}
+        for name, formula, derivative in plane.activation_formulas()
     ]
-    body = {"activations": listing, "providers": plane.activations.providers}
-    return Response(codecs.dumps(body), media_type="application/json")
+    body = {"activations": listing, "providers": plane.activation_providers()}
+    return Response(codecs.dumps(body), media_type=codecs.JSON)
 
 
 @router.post(
     "/v1/activations/{name}",
     response_model=ActivationResponse,
-    responses=responses(400, 404, 413, binary="raw little-endian float32, its shape in X-Shape"),
+    responses=responses(
+        400, 404, 413, 503, binary="raw little-endian float32, its shape in X-Shape"
+    ),
     openapi_extra=request_body(ActivationRequest, BINARY_BODY),
 )
 async def evaluate(
@@ -49,24 +50,14 @@ async def evaluate(
     """Evaluate one activation (or its derivative) elementwise on an array of any shape."""
     plane = get_plane(request)
     plane.check_activation(name)
-    limit = plane.settings.max_activation_elements
     body = await request.body()
     if request.headers.get("content-type", "").startswith(codecs.OCTET_STREAM):
-        x = codecs.decode_activation_binary(
-            body, request.headers.get(codecs.SHAPE_HEADER, shape), limit
+        x = codecs.decode_activation_binary(body, request.headers.get(codecs.SHAPE_HEADER, shape))
+        content, headers = codecs.encode_activation_binary(
+            await plane.activate(name, x, derivative)
         )
-        y = await plane.activate(name, x, derivative)
-        return Response(
-            y.astype("<f4", copy=False).tobytes(),
-            media_type=codecs.OCTET_STREAM,
-            headers={codecs.SHAPE_HEADER: ",".join(map(str, y.shape))},
-        )
-    x, body_derivative = codecs.decode_activation_json(body, limit)
-    y = await plane.activate(name, x, derivative or body_derivative)
-    payload = {
-        "name": name,
-        "derivative": derivative or body_derivative,
-        "shape": y.shape,
-        "data": y,
-    }
-    return Response(codecs.dumps(payload), media_type="application/json")
+        return Response(content, headers=headers)
+    x, body_derivative = codecs.decode_activation_json(body)
+    derivative = derivative or body_derivative
+    y = await plane.activate(name, x, derivative)
+    return Response(codecs.encode_activation_json(name, derivative, y), media_type=codecs.JSON)

@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
+from service.rest.app import create_app
 from service.settings import SettingsError, load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import DIGITS, assert_error
-from tests.test_service_v2 import binary_request
+from tests.service.rest.test_v2 import binary_request
 
 ROW = [0.5] * 64
 V1 = "/v1/models/digits-mlp:predict"
@@ -31,8 +31,8 @@ CASES = [
     (V1, {"instances": [[None] * 64]}, 400, "expected numbers, found null"),
     (V1, {"instances": [[True] * 64]}, 400, "found booleans"),
     (V1, {"instances": [ROW, ROW[:10]]}, 400, "ragged"),
-    (V1, {"instances": [ROW[:63]]}, 400, "must have shape [64], got [63]"),
-    (V1, {"instances": ROW}, 400, "must have shape [64], got a scalar"),
+    (V1, {"instances": [ROW[:63]]}, 400, "shape [1, 63] does not match the model's [-1, 64]"),
+    (V1, {"instances": ROW}, 400, "instances: shape [64] does not match the model's [-1, 64]"),
     (V1, {"instances": []}, 400, "empty batch"),
     (V1, {"instances": "x"}, 400, "holding a list"),
     (V1, [1, 2], 400, "must be a JSON object"),
@@ -43,7 +43,7 @@ CASES = [
     (V2, {"inputs": "x"}, 400, "'inputs' list"),
     (V2, v2_body(datatype="FP64"), 400, "datatype 'FP64' does not match the model's FP32"),
     (V2, v2_body(datatype="BANANA"), 400, "datatype 'BANANA'"),
-    (V2, v2_body(shape=[1, 63]), 400, "shape [1, 63] does not match the model's [-1, 64]"),
+    (V2, v2_body(shape=[1, 63], data=ROW[:63]), 400, "shape [1, 63] does not match the model's"),
     (V2, v2_body(shape=[1, -64]), 400, "non-negative integers"),
     (V2, v2_body(shape=[2, 64]), 400, "data holds 64 values but shape [2, 64] needs 128"),
     (V2, v2_body(shape=[0, 64], data=[]), 400, "empty batch"),
@@ -137,7 +137,7 @@ def test_wrong_method_and_query_type(client) -> None:
 def test_request_batch_limit_from_settings(settings_factory) -> None:
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.rest.app import create_app
 
     with TestClient(create_app(settings_factory(max_request_batch=4))) as limited:
         assert limited.get("/v1/models/digits-mlp").json()["max_batch_size"] == 4

@@ -1,0 +1,23 @@
+"""The names every part agrees on: files, tensors, tasks and activations."""
+
+from __future__ import annotations
+
+MODEL_FILENAME = "model.onnx"
+CONFIG_FILENAME = "config.pbtxt"
+PLATFORM = "onnxruntime_onnx"
+OPSET = 20  # the first opset with a native Gelu op
+
+INPUT_NAME = "input"
+LOGITS_OUTPUT = "logits"
+PROBABILITIES_OUTPUT = "probabilities"  # softmax of the logits
+RECONSTRUCTION_OUTPUT = "reconstruction"
+CLASSIFICATION = "classification"
+RECONSTRUCTION = "reconstruction"
+OUTPUTS = {
+    CLASSIFICATION: (LOGITS_OUTPUT, PROBABILITIES_OUTPUT),
+    RECONSTRUCTION: (RECONSTRUCTION_OUTPUT,),
+}
+
+# Every activation a network can be trained with (models/activations.py builds each).
+# gelu_stochastic is the paper's regulariser; in eval mode, and so in ONNX, it is exact GELU.
+ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid", "gelu_stochastic", "silu", "relu", "elu")

@@ -1,0 +1,90 @@
+"""What a face hands the serving core and gets back: arrays and options, no wire format.
+
+Codecs (``service.codecs``) turn V1 JSON, V2 JSON and V2 binary into an ``InferenceRequest``;
+the core (``service.dataplane``) checks it against the model, runs it and returns an
+``InferenceResult``, which the codec of the same face encodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """One input tensor as the client sent it.
+
+    ``name`` and ``datatype`` are None where the protocol does not name them (V1's
+    ``instances`` are the model's only input, in its datatype: the core casts them).
+    """
+
+    array: np.ndarray
+    name: str | None = None
+    datatype: str | None = None
+
+    def describe(self) -> str:
+        """How error messages refer to this input."""
+        return f"input {self.name!r}" if self.name is not None else "instances"
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One output the client asked for, and whether it wants it as raw bytes."""
+
+    name: str
+    binary: bool = False
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """A decoded request: ``outputs`` None means every output, as ``binary_outputs`` says."""
+
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+    binary_outputs: bool = False
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model's input or output: name, V2 datatype, dims without the batch dimension."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Plain data about one loaded model version: what faces describe and encode with."""
+
+    name: str
+    version: str
+    versions: list[str]  # every loaded version of the model
+    platform: str
+    task: str
+    arch: str
+    activation: str
+    label_names: tuple[str, ...]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    input_normalisation: dict[str, float]
+    metrics: dict[str, float]
+    max_batch_size: int  # the largest batch one request may carry
+    providers: list[str]
+    dynamic_batching: bool
+    max_queue_delay_us: int | None
+    config_max_batch_size: int = 0  # config.pbtxt's own value
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """The requested outputs, in the order asked for, and the model that made them."""
+
+    model: ModelInfo
+    outputs: dict[str, np.ndarray]
+    binary: dict[str, bool] = field(default_factory=dict)  # output name -> as raw bytes
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)  # as validated
+    id: str | None = None

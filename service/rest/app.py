@@ -1,0 +1,108 @@
+"""The HTTP face's app factory: ``uvicorn --factory service.rest.app:create_app``.
+
+Nothing is built at import time. The app wraps one serving core (``DataPlane``): its lifespan
+starts the core (models loaded, checked and warmed, activation graphs built) before the app
+accepts requests, and stops it after the last one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+from service import __version__
+from service.dataplane import DataPlane
+from service.errors import ServiceError, StartupError
+from service.rest import activations, v1, v2
+from service.rest.middleware import (
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    StartupRefusal,
+    error_body,
+)
+from service.rest.openapi import add_openapi
+from service.settings import Settings, load_settings
+
+logger = logging.getLogger("gelu_serve")
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """The one error handler: every error body is ``{"error": "..."}``."""
+    if isinstance(exc, ServiceError):
+        status, message = exc.status_code, exc.message
+    elif isinstance(exc, RequestValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        status, message = 400, f"{where}: {first.get('msg', 'invalid')}"
+    elif isinstance(exc, HTTPException):
+        status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
+        status, message = 400, "client disconnected before the body was complete"
+    else:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        status, message = 500, "internal server error"
+    return Response(error_body(message), status_code=status, media_type="application/json")
+
+
+def create_app(settings: Settings | None = None, core: DataPlane | None = None) -> FastAPI:
+    """Build the HTTP face over ``core`` (default: a new one from ``settings``, else from the
+    environment); its lifespan starts and stops that core."""
+    settings = core.settings if core is not None else settings or load_settings()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.setLevel(settings.log_level.upper())
+    plane = core if core is not None else DataPlane(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await plane.start()
+        except StartupError as exc:
+            # One line names what is at fault; the traceback only helps at debug level.
+            logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+            raise
+        yield
+        await plane.stop()
+
+    app = FastAPI(
+        title="gelu-serve",
+        version=__version__,
+        description="GELU networks served by onnxruntime: KServe V1 predictions, the Open "
+        "Inference Protocol (V2) and raw activation evaluation.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.dataplane = plane
+    add_openapi(app)
+    app.include_router(v1.router)
+    app.include_router(v2.router)
+    app.include_router(activations.router)
+
+    @app.get(
+        "/metrics",
+        tags=["Operations"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    async def prometheus_metrics() -> Response:
+        """Prometheus text format: requests, failures, latency, in-flight, providers, batches."""
+        return Response(plane.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    for exc_class in (
+        ServiceError,
+        RequestValidationError,
+        HTTPException,
+        ClientDisconnect,
+        Exception,
+    ):
+        app.add_exception_handler(exc_class, handle_error)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=plane.metrics)
+    app.add_middleware(StartupRefusal)
+    return app

@@ -1,0 +1,76 @@
+"""V1, KServe style: ``:predict`` with ``{"instances": [...]}``, list models, describe one."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from service import codecs
+from service.inference import ModelInfo
+from service.rest.routing import add_model_route, get_plane
+from service.rest.schemas import (
+    ModelList,
+    ModelSummary,
+    PredictRequest,
+    PredictResponse,
+    request_body,
+    responses,
+)
+
+router = APIRouter(tags=["V1 (KServe style)"])
+
+
+async def predict(request: Request, name: str, version: str | None = None) -> Response:
+    """Predict with the model (its latest version unless one is named)."""
+    result = await get_plane(request).infer(name, version, codecs.decode_v1(await request.body()))
+    return Response(codecs.encode_v1(result), media_type=codecs.JSON)
+
+
+# The inference routes come first: routing tries routes in order, on every request.
+add_model_route(
+    router,
+    "/v1/models/{name}:predict",
+    predict,
+    method="POST",
+    direct=True,
+    response_model=PredictResponse,
+    responses=responses(400, 404, 413, 503),
+    openapi_extra=request_body(PredictRequest),
+)
+
+
+def summary(info: ModelInfo) -> dict[str, object]:
+    """A model as V1 describes it: versions, task, labels, tensors, providers, metrics."""
+    return {
+        "name": info.name,
+        "versions": info.versions,
+        "latest_version": info.version,
+        "ready": True,
+        "platform": info.platform,
+        "task": info.task,
+        "activation": info.activation,
+        "arch": info.arch,
+        "label_names": info.label_names,
+        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}
+                   for t in info.inputs],
+        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}
+                    for t in info.outputs],
+        "input_normalisation": info.input_normalisation,
+        "max_batch_size": info.max_batch_size,
+        "providers": info.providers,
+        "metrics": info.metrics,
+    }  # fmt: skip
+
+
+@router.get("/v1/models", response_model=ModelList, responses=responses(503))
+async def list_models(request: Request) -> Response:
+    """Every model with its versions, task, tensors and providers."""
+    plane = get_plane(request)
+    models = [summary(plane.model_info(name)) for name in plane.model_names()]
+    return Response(codecs.dumps({"models": models}), media_type=codecs.JSON)
+
+
+@router.get("/v1/models/{name}", response_model=ModelSummary, responses=responses(404, 503))
+async def describe_model(name: str, request: Request) -> Response:
+    """One model: versions, labels, input shape, normalisation, providers, metrics."""
+    info = get_plane(request).model_info(name)
+    return Response(codecs.dumps(summary(info)), media_type=codecs.JSON)

@@ -1,0 +1,112 @@
+"""The serving core on its own: built, started, used and stopped with no web framework."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from service.dataplane import DataPlane
+from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
+from service.inference import InferenceRequest, RequestInput, RequestOutput
+from tests.helpers import DIGITS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_core_runs_inference_and_activations_without_fastapi(
+    settings_factory, model_repository: Path
+) -> None:
+    core = DataPlane(settings_factory())
+    assert not core.ready
+    with pytest.raises(NotReadyError):
+        core.model("digits-mlp")
+    await core.start()
+    try:
+        assert core.ready
+        assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp", "digits-mlp-tanh"]
+        x = DIGITS[:3]
+        request = InferenceRequest([RequestInput(x, "input", "FP32")])
+        result = await core.infer("digits-mlp", None, request)
+        assert result.model.version == "2" and result.model.label_names[0] == "0"
+        session = ort.InferenceSession(str(model_repository / "digits-mlp/2/model.onnx"))
+        want = session.run(["probabilities"], {"input": x})[0]
+        np.testing.assert_array_equal(result.outputs["probabilities"], want)
+        assert list(result.outputs) == ["logits", "probabilities"]
+
+        y = await core.activate("gelu", np.array([-1.0, 0.0, 1.0], np.float32))
+        np.testing.assert_allclose(y, [-0.15865526, 0.0, 0.8413447], rtol=1e-6)
+    finally:
+        await core.stop()
+    assert not core.ready
+    with pytest.raises(NotReadyError):
+        await core.activate("gelu", np.zeros(1, np.float32))
+
+
+@pytest.mark.anyio
+async def test_core_checks_requests_against_the_model(settings_factory) -> None:
+    core = DataPlane(settings_factory(max_activation_elements=10))
+    await core.start()
+    try:
+        row = DIGITS[:1]
+        cases = [
+            (InferenceRequest([RequestInput(row, "pixels", "FP32")]), BadInputError,
+             "unknown input"),
+            (InferenceRequest([RequestInput(row, "input", "FP64")]), BadInputError, "FP64"),
+            (InferenceRequest([RequestInput(row[:, :63], "input", "FP32")]), BadInputError,
+             "does not match the model's [-1, 64]"),
+            (InferenceRequest([RequestInput(np.zeros((0, 64)), None)]), BadInputError,
+             "empty batch"),
+            (InferenceRequest([RequestInput(np.zeros((300, 64)), None)]), PayloadTooLargeError,
+             "batch of 300 is above the maximum of 256"),
+            (InferenceRequest([]), BadInputError, "missing input(s) ['input']"),
+            (InferenceRequest([RequestInput(row, None)], [RequestOutput("nope")]),
+             BadInputError, "unknown output 'nope'"),
+        ]  # fmt: skip
+        for request, error, needle in cases:
+            with pytest.raises(error) as caught:
+                await core.infer("digits-mlp", None, request)
+            assert needle in str(caught.value), (needle, caught.value)
+        with pytest.raises(NotFoundError, match="unknown model 'nope'"):
+            await core.infer("nope", None, InferenceRequest([RequestInput(row, None)]))
+        with pytest.raises(PayloadTooLargeError, match="GELU_MAX_ACTIVATION_ELEMENTS"):
+            await core.activate("gelu", np.zeros(11, np.float32))
+        with pytest.raises(NotFoundError, match="unknown activation 'swish'"):
+            await core.activate("swish", np.zeros(1, np.float32))
+    finally:
+        await core.stop()
+
+
+@pytest.mark.slow
+def test_service_tests_run_without_torch() -> None:
+    """The service's own tests, with torch and models/ unimportable, as in a serving install."""
+    script = """
+import sys
+
+class Absent:  # what a serving install lacks: importing it fails, as there
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "models", "sklearn", "onnxscript"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Absent())
+import pytest
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/service",
+                      "tests/contract"]))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert " passed" in result.stdout, result.stdout[-500:]
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("GPU" in line for line in skips), skips  # nothing skipped for want of torch
