@@ -21,3 +21,6 @@ OUTPUTS = {
 # Every activation a network can be trained with (models/activations.py builds each).
 # gelu_stochastic is the paper's regulariser; in eval mode, and so in ONNX, it is exact GELU.
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_sigmoid", "gelu_stochastic", "silu", "relu", "elu")
+# What the service's activation endpoint evaluates: every deterministic activation above
+# (gelu_stochastic is exact GELU outside training) and phi, the Gaussian CDF.
+EVALUATED_ACTIVATIONS = (*(a for a in ACTIVATIONS if a != "gelu_stochastic"), "phi")

@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from contract.names import EVALUATED_ACTIVATIONS
 from service.runtime import SessionFactory
 
 OPSET = 20
@@ -122,7 +123,7 @@ class Activation:
     derivative: Builder
 
 
-ACTIVATIONS: dict[str, Activation] = {
+_DEFINED: dict[str, Activation] = {
     a.name: a
     for a in (
         Activation(
@@ -178,6 +179,8 @@ ACTIVATIONS: dict[str, Activation] = {
         ),
     )
 }
+# Keyed and ordered by the repository contract's list, the one source of the names.
+ACTIVATIONS = {name: _DEFINED[name] for name in EVALUATED_ACTIVATIONS}
 
 
 def build_graph(activation: Activation, derivative: bool) -> onnx.ModelProto:

@@ -34,12 +34,6 @@ class PayloadTooLargeError(ServiceError):
     status_code = 413
 
 
-class UnsupportedMediaTypeError(ServiceError):
-    """A content type or encoding the endpoint cannot read."""
-
-    status_code = 415
-
-
 class NotReadyError(ServiceError):
     """The service or model is not ready to serve."""
 

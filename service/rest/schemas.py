@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from service.inference import TensorInfo
+
 Number = float | int
 NestedNumbers = list[Any]  # numbers or nested lists of numbers, row-major
 
@@ -172,6 +174,11 @@ class ActivationResponse(BaseModel):
     derivative: bool
     shape: list[int]
     data: NestedNumbers | Number
+
+
+def tensor_metadata(tensors: list[TensorInfo]) -> list[dict[str, Any]]:
+    """Tensors as the Open Inference Protocol describes them: -1 for the batch dimension."""
+    return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in tensors]
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:

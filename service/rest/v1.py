@@ -14,6 +14,7 @@ from service.rest.schemas import (
     PredictResponse,
     request_body,
     responses,
+    tensor_metadata,
 )
 
 router = APIRouter(tags=["V1 (KServe style)"])
@@ -50,15 +51,13 @@ def summary(info: ModelInfo) -> dict[str, object]:
         "activation": info.activation,
         "arch": info.arch,
         "label_names": info.label_names,
-        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}
-                   for t in info.inputs],
-        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}
-                    for t in info.outputs],
+        "inputs": tensor_metadata(info.inputs),
+        "outputs": tensor_metadata(info.outputs),
         "input_normalisation": info.input_normalisation,
         "max_batch_size": info.max_batch_size,
         "providers": info.providers,
         "metrics": info.metrics,
-    }  # fmt: skip
+    }
 
 
 @router.get("/v1/models", response_model=ModelList, responses=responses(503))

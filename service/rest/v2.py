@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
-from service.inference import TensorInfo
 from service.rest.routing import add_model_route, get_plane
 from service.rest.schemas import (
     InferenceRequest,
@@ -17,6 +16,7 @@ from service.rest.schemas import (
     ServerMetadata,
     request_body,
     responses,
+    tensor_metadata,
 )
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
@@ -34,11 +34,6 @@ BINARY_RESPONSE = (
 
 def _json(payload: object, status_code: int = 200) -> Response:
     return Response(codecs.dumps(payload), status_code=status_code, media_type=codecs.JSON)
-
-
-def _tensors(tensors: list[TensorInfo]) -> list[dict[str, object]]:
-    """As the Open Inference Protocol describes them: -1 for the batch dimension."""
-    return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in tensors]
 
 
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
@@ -94,8 +89,8 @@ async def model_metadata(request: Request, name: str, version: str | None = None
             "name": info.name,
             "versions": [info.version] if version else info.versions,
             "platform": info.platform,
-            "inputs": _tensors(info.inputs),
-            "outputs": _tensors(info.outputs),
+            "inputs": tensor_metadata(info.inputs),
+            "outputs": tensor_metadata(info.outputs),
         }
     )
 

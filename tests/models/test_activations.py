@@ -95,3 +95,11 @@ def test_count_gelu_layers() -> None:
     net = torch.nn.Sequential(make_activation("gelu"), make_activation("gelu_stochastic"))
     net.append(make_activation("gelu_sigmoid"))
     assert count_gelu_layers(net) == 2
+
+
+def test_every_contract_activation_is_trainable() -> None:
+    from contract.names import ACTIVATIONS as NAMES
+    from models.activations import _FACTORIES, ACTIVATIONS
+
+    assert list(ACTIVATIONS) == list(NAMES)
+    assert set(_FACTORIES) == set(NAMES)

@@ -130,3 +130,11 @@ def test_bad_binary_bodies(client, content, headers, status, needle) -> None:
     assert_error(
         client.post("/v1/activations/gelu", content=content, headers=headers), status, needle
     )
+
+
+def test_every_contract_activation_is_defined_once() -> None:
+    from contract.names import EVALUATED_ACTIVATIONS
+    from service.activations import _DEFINED, ACTIVATIONS
+
+    assert list(ACTIVATIONS) == list(EVALUATED_ACTIVATIONS)
+    assert set(_DEFINED) == set(EVALUATED_ACTIVATIONS)
