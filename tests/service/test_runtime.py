@@ -1,4 +1,4 @@
-"""Start-up: settings, repository checks, execution providers; /metrics and /docs."""
+"""Start-up: repository checks, execution providers; /metrics and /docs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
 
 from service.errors import StartupError
 from service.rest.app import create_app
@@ -17,23 +16,6 @@ from service.settings import Settings
 from tests.helpers import DIGITS
 
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
-
-
-def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GELU_PROVIDERS", "CUDA, cpu")
-    monkeypatch.setenv("GELU_STRICT_PROVIDERS", "true")
-    monkeypatch.setenv("GELU_MODEL_REPOSITORY", "/srv/models")
-    settings = Settings()
-    assert settings.providers == ["cuda", "cpu"]
-    assert settings.ort_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    assert settings.strict_providers and settings.model_repository == Path("/srv/models")
-    monkeypatch.setenv("GELU_PROVIDERS", "gpu")
-    with pytest.raises(ValidationError, match=r"unknown execution provider\(s\) \['gpu'\]"):
-        Settings()
-    monkeypatch.setenv("GELU_PROVIDERS", "cpu")
-    monkeypatch.setenv("GELU_MAX_BODY_BYTES", "-1")
-    with pytest.raises(ValidationError, match="max_body_bytes"):
-        Settings()
 
 
 def test_cuda_request_falls_back_to_cpu_and_says_so(settings_factory, caplog) -> None:
@@ -127,9 +109,3 @@ def test_openapi_documents_every_route(client) -> None:
     infer = spec["paths"]["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
     assert "application/octet-stream" in infer
     assert client.get("/docs").status_code == 200
-
-
-def test_every_setting_is_documented_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for name in Settings.model_fields:
-        assert f"`{Settings.variable(name)}`" in readme, name

@@ -1,0 +1,75 @@
+"""Wire formats to arrays and back, with no model in sight."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from service import codecs
+from service.errors import BadInputError
+from service.inference import InferenceResult, ModelInfo, TensorInfo
+
+
+def test_v1_gives_one_unnamed_input_without_a_datatype() -> None:
+    request = codecs.decode_v1(b'{"instances": [[1, 2], [3, 4]]}')
+    (tensor,) = request.inputs
+    assert tensor.name is None and tensor.datatype is None
+    np.testing.assert_array_equal(tensor.array, [[1, 2], [3, 4]])
+    assert request.outputs is None
+
+
+def test_v2_decodes_the_declared_datatype_and_shape_json_and_binary() -> None:
+    header = {
+        "id": "7",
+        "inputs": [
+            {"name": "a", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]},
+            {"name": "b", "shape": [1, 3], "datatype": "FP32",
+             "parameters": {"binary_data_size": 12}},
+        ],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }  # fmt: skip
+    text = json.dumps(header).encode()
+    raw = np.array([0.5, 1.5, 2.5], "<f4").tobytes()
+    request = codecs.decode_v2(text + raw, str(len(text)))
+    a, b = request.inputs
+    assert (a.name, a.datatype, a.array.dtype, a.array.shape) == ("a", "INT64", np.int64, (2, 2))
+    np.testing.assert_array_equal(b.array, [[0.5, 1.5, 2.5]])
+    assert [(o.name, o.binary) for o in request.outputs or []] == [("y", True)]
+    assert request.id == "7"
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "needle"),
+    [
+        ([1e39], np.float32, "outside the float32 range"),
+        ([300], np.uint8, "outside the uint8 range"),
+        ([True], np.float32, "found booleans"),
+    ],
+)
+def test_cast_refuses_what_does_not_fit(data, dtype, needle: str) -> None:
+    with pytest.raises(BadInputError, match=needle):
+        codecs.cast(codecs.numbers(data, "x"), np.dtype(dtype), "x")
+
+
+def test_encode_v2_puts_binary_outputs_after_the_json() -> None:
+    info = ModelInfo(
+        name="m", version="1", versions=["1"], platform="onnxruntime_onnx", task="",
+        arch="", activation="", label_names=(), inputs=[], outputs=[
+            TensorInfo("y", "FP32", (2,)), TensorInfo("z", "FP32", (1,))
+        ], input_normalisation={}, metrics={}, max_batch_size=8, providers=[],
+        dynamic_batching=False, max_queue_delay_us=None,
+    )  # fmt: skip
+    y = np.array([[1.0, 2.0]], np.float32)
+    z = np.array([[3.0]], np.float32)
+    body, headers = codecs.encode_v2(
+        InferenceResult(info, {"y": y, "z": z}, binary={"y": True, "z": False}, id="9")
+    )
+    length = int(headers[codecs.HEADER_LENGTH])
+    response = json.loads(body[:length])
+    assert response["id"] == "9" and response["model_version"] == "1"
+    assert response["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert response["outputs"][1]["data"] == [3.0]
+    np.testing.assert_array_equal(np.frombuffer(body[length:], "<f4"), [1.0, 2.0])
+    assert headers["content-type"] == codecs.OCTET_STREAM
