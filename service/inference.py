@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# The per-request types are plain slotted dataclasses: frozen ones cost about 2 us more per
+# V1 request to build (decode + check of one digits row: 16.8 us frozen, 14.5 us slotted).
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class RequestInput:
     """One input tensor as the client sent it.
 
@@ -29,7 +32,7 @@ class RequestInput:
         return f"input {self.name!r}" if self.name is not None else "instances"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
     """One output the client asked for, and whether it wants it as raw bytes."""
 
@@ -37,7 +40,7 @@ class RequestOutput:
     binary: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InferenceRequest:
     """A decoded request: ``outputs`` None means every output, as ``binary_outputs`` says."""
 
@@ -79,7 +82,7 @@ class ModelInfo:
     config_max_batch_size: int = 0  # config.pbtxt's own value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InferenceResult:
     """The requested outputs, in the order asked for, and the model that made them."""
 

@@ -23,8 +23,8 @@ from service.rest import activations, v1, v2
 from service.rest.middleware import (
     BodyLimitMiddleware,
     MetricsMiddleware,
-    StartupRefusal,
     error_body,
+    quiet_startup_refusal,
 )
 from service.rest.openapi import add_openapi
 from service.settings import Settings, load_settings
@@ -104,5 +104,6 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
         app.add_exception_handler(exc_class, handle_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=plane.metrics)
-    app.add_middleware(StartupRefusal)
+    # The router handles the lifespan scope; an instance attribute replaces its method there.
+    app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]
     return app

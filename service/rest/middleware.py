@@ -62,21 +62,16 @@ class BodyLimitMiddleware:
         )
 
 
-class StartupRefusal:
-    """A start-up refusal is one log line, not a traceback (pure ASGI, lifespan scope only).
+def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
+    """Wrap a router's lifespan handler so a start-up refusal is one log line, not a traceback.
 
     Starlette answers a failed lifespan with the exception's full traceback, which uvicorn logs.
     The lifespan has already logged a ``StartupError`` as one line naming what is at fault, so
-    uvicorn is told only that start-up failed; any other exception keeps its traceback.
+    uvicorn is told only that start-up failed; any other exception keeps its traceback. Only the
+    lifespan is wrapped: requests do not pass through here.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
+    async def lifespan(scope: Scope, receive: Receive, send: Send) -> None:
         failed: Message | None = None
 
         async def hold_failure(message: Message) -> None:
@@ -87,7 +82,7 @@ class StartupRefusal:
             await send(message)
 
         try:
-            await self.app(scope, receive, hold_failure)
+            await app(scope, receive, hold_failure)
         except StartupError:
             await send({"type": "lifespan.startup.failed", "message": ""})
             raise
@@ -95,6 +90,8 @@ class StartupRefusal:
             if failed is not None:
                 await send(failed)
             raise
+
+    return lifespan
 
 
 class MetricsMiddleware:

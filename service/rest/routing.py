@@ -32,7 +32,9 @@ class DirectRoute(APIRoute):
     OpenAPI still comes from the endpoint's signature and the route's declarations."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
+        # The endpoint itself, not the signature-only wrapper of an unversioned path: the
+        # wrapper is for OpenAPI, and one call fewer on the hot path.
+        endpoint = getattr(self.endpoint, "__wrapped__", self.endpoint)
 
         async def handler(request: Request) -> Response:
             response: Response = await endpoint(request=request, **request.path_params)
@@ -53,6 +55,7 @@ def _without_version(endpoint: Endpoint) -> Endpoint:
     unversioned.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     unversioned.__name__ = endpoint.__name__
     unversioned.__doc__ = endpoint.__doc__
+    unversioned.__wrapped__ = endpoint  # type: ignore[attr-defined]
     return unversioned
 
 
