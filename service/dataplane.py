@@ -231,10 +231,6 @@ class DataPlane:
 
     # ---- activations ---------------------------------------------------------------------------
 
-    def activation_names(self) -> list[str]:
-        """Every activation the core evaluates."""
-        return list(ACTIVATIONS)
-
     def activation_formulas(self) -> list[tuple[str, str, str]]:
         """(name, formula, derivative's formula) of every activation."""
         return [(a.name, a.formula, a.derivative_formula) for a in ACTIVATIONS.values()]
