@@ -44,7 +44,7 @@ class DataPlane:
         self.repository = ModelRepository({})
         self.batchers: dict[tuple[str, str], Batcher] = {}
         self._activations: ActivationEvaluator | None = None
-        self._info_cache: dict[tuple[str, str], ModelInfo] = {}
+        self._infos: dict[tuple[str, str], ModelInfo] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -70,6 +70,8 @@ class DataPlane:
                 batcher = Batcher(model, size, delay, self.metrics)
                 batcher.start()
                 self.batchers[model.name, model.version] = batcher
+        # Described once: building it on every request would cost more than a small model's run.
+        self._infos = {(m.name, m.version): self._describe(m) for m in self.repository.all()}
         # What start-up allocated lives as long as the process: keep the collector off it, so
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
@@ -112,11 +114,14 @@ class DataPlane:
     def model_info(self, name: str, version: str | None = None) -> ModelInfo:
         """Plain data about a model version, for the faces to describe it."""
         model = self.model(name, version)
+        return self._infos[model.name, model.version]
+
+    def _describe(self, model: Model) -> ModelInfo:
         meta, config = model.metadata, model.config
         return ModelInfo(
             name=model.name,
             version=model.version,
-            versions=list(self.repository.models[name]),
+            versions=list(self.repository.models[model.name]),
             platform=config.platform,
             task=meta.task,
             arch=meta.arch,
@@ -153,24 +158,16 @@ class DataPlane:
             # onnxruntime releases the GIL: the run proceeds beside the event loop.
             results = await anyio.to_thread.run_sync(model.infer, inputs, names)
         return InferenceResult(
-            model=self._result_info(model),
+            model=self._infos[model.name, model.version],
             outputs={n: results[n] for n in names},
             binary={o.name: o.binary for o in outputs},
             inputs=inputs,
             id=request.id,
         )
 
-    def _result_info(self, model: Model) -> ModelInfo:
-        # Cached per model version: building it costs more than a small model's run.
-        key = (model.name, model.version)
-        info = self._info_cache.get(key)
-        if info is None:
-            info = self._info_cache[key] = self.model_info(model.name, model.version)
-        return info
-
     def _check_inputs(self, model: Model, given: list[RequestInput]) -> dict[str, np.ndarray]:
         """Names, datatypes, shapes, batch sizes and limits against the model."""
-        declared = {t.name: t for t in model.config.inputs}
+        declared = model.input_configs
         inputs: dict[str, np.ndarray] = {}
         for tensor in given:
             if tensor.name is None:  # V1: the model's only input

@@ -98,9 +98,11 @@ class Model:
     providers: list[str]
     metadata: ModelMetadata
     output_names: list[str] = field(init=False)
+    input_configs: dict[str, TensorConfig] = field(init=False)  # by name
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
+        self.input_configs = {t.name: t for t in self.config.inputs}
 
     @property
     def task(self) -> str:
