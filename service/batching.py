@@ -2,10 +2,23 @@
 
 As Triton's dynamic batcher: a batch closes when it holds ``max_batch_size`` samples or when its
 first request has waited ``max_queue_delay_us``; requests are concatenated along the batch axis
-and the outputs split back in order. While a batch runs, the next one gathers, so under load
-batches form even with a zero delay. A request whose client has gone (its future cancelled) is
+and the outputs split back in order. A request whose client has gone (its future cancelled) is
 dropped before the run and never disturbs the others; when a run fails, every request in it gets
 the error.
+
+Where a batch runs depends on what it costs (``Model.run_cost_us``, measured at warm-up):
+
+- **inline**, on the event loop, for batches that cost no more than the service's inline bound
+  (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
+  queue delay), then runs the batch: it holds every request parsed in between, which under
+  load is most of the connections with data ready. When batches have held one request in a
+  row, only every ``PROBE_EVERY``-th request yields, so a lone client does not wait for company
+  that never comes. Handing a 10-40 µs run to a thread and
+  waking the loop again costs more than the run itself; one inline run blocks the loop for at
+  most the bound, and after each batch the loop serves I/O before the next.
+- **on a worker thread** otherwise: the gathering task hands each batch to the model's one
+  thread (onnxruntime releases the GIL, so the run proceeds beside the event loop), and while a
+  batch runs the next one gathers, so batches form under load even with a zero delay.
 """
 
 from __future__ import annotations
@@ -21,82 +34,150 @@ import numpy as np
 from service.metrics import Metrics
 from service.runtime import Model
 
+Outputs = dict[str, np.ndarray]
+# Inline, after a batch of one request, only every PROBE_EVERY-th request yields the loop to
+# look for company: a lone client (c=1) then pays the loop iteration on 1 request in 8.
+PROBE_EVERY = 8
 
-@dataclass
+
+@dataclass(slots=True)
 class _Request:
     inputs: dict[str, np.ndarray]
     size: int
-    future: asyncio.Future[dict[str, np.ndarray]]
+    future: asyncio.Future[Outputs]
     enqueued: float = field(default_factory=time.perf_counter)
 
 
 class Batcher:
-    """One per model version: a queue, a gathering task and one worker thread."""
+    """One per model version: a queue, and runs on the event loop or on one worker thread."""
 
     def __init__(
-        self, model: Model, max_batch_size: int, max_queue_delay_us: int, metrics: Metrics
+        self,
+        model: Model,
+        max_batch_size: int,
+        max_queue_delay_us: int,
+        metrics: Metrics,
+        inline: bool = False,
     ) -> None:
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_us / 1e6
-        self.metrics = metrics
+        self.inline = inline
+        # Children looked up once: labels() takes a lock and builds a key on every call.
+        self._queue_time = metrics.queue_time.labels(model.name)
+        self._batch_size = metrics.batch_size.labels(model.name)
         self._pending: deque[_Request] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queued = 0  # samples in _pending
+        self._gathering = False  # inline: a request is leading a batch
+        self._alone = 0  # inline: batches of one request in a row
+        self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{model.name}")
+        self._executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start gathering; call from the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(self._gather_forever())
+        """Start batching; call from the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        if not self.inline:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{self.model.name}")
+            self._task = self._loop.create_task(self._gather_forever())
 
     async def stop(self) -> None:
-        """Stop gathering, fail what is still queued, release the worker thread."""
+        """Stop batching, fail what is still queued, release the worker thread."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._scheduled is not None:
+            self._scheduled.cancel()
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
                 request.future.set_exception(RuntimeError("the service is shutting down"))
-        self._executor.shutdown(wait=True)
+        self._queued = 0
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
     async def infer(
         self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
-    ) -> dict[str, np.ndarray]:
+    ) -> Outputs:
         """Queue one request and wait for its share of a batch's outputs."""
+        loop = self._loop
+        assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
-        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Outputs] = loop.create_future()
         self._pending.append(_Request(inputs, size, future))
-        self._wakeup.set()
+        self._queued += size
+        if not self.inline:
+            self._wakeup.set()
+        elif self._queued >= self.max_batch_size:
+            self._run_inline()  # full: run now, in this request's turn
+        elif not self._gathering:
+            if self._alone % PROBE_EVERY == 0:
+                await self._lead()
+            else:  # no company lately: do not wait a loop iteration for none
+                self._run_inline()
         results = await future
         return {n: results[n] for n in outputs} if outputs else results
 
+    # ---- inline --------------------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        """The first request of a batch gives the others their turn on the loop (one
+        iteration, or the queue delay), then runs the batch: under load, that is every request
+        parsed meanwhile; alone, it costs one loop iteration."""
+        self._gathering = True
+        try:
+            await asyncio.sleep(self.max_delay)
+        finally:  # even when this request is cancelled: the others are waiting
+            self._gathering = False
+            self._run_inline()
+
+    def _run_inline(self) -> None:
+        """One batch, on the loop; the rest of the queue waits for the next loop iteration."""
+        batch = self._take([])
+        if batch:
+            self._alone = self._alone + 1 if len(batch) == 1 else 0
+            feed = self._feed(batch)
+            try:
+                results = self.model.infer(feed)
+            except Exception as exc:
+                self._fail(batch, exc)
+            else:
+                self._split(batch, results)
+        if self._pending and self._scheduled is None and self._loop is not None:
+            self._scheduled = self._loop.call_soon(self._run_scheduled)
+
+    def _run_scheduled(self) -> None:
+        self._scheduled = None
+        self._run_inline()
+
+    # ---- on a worker thread --------------------------------------------------------------------
+
     async def _gather_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            await self._run(await self._gather())
+            batch = [r for r in await self._gather() if not r.future.done()]  # gone meanwhile
+            if not batch:
+                continue
+            feed = self._feed(batch)
+            try:
+                results = await loop.run_in_executor(self._executor, self.model.infer, feed)
+            except Exception as exc:
+                self._fail(batch, exc)
+            else:
+                self._split(batch, results)
 
     async def _gather(self) -> list[_Request]:
         """Take requests until the batch is full or its first request's delay is spent."""
         batch: list[_Request] = []
-        size = 0
-        deadline = None
         while True:
-            # A request larger than the batch limit runs alone rather than waiting forever.
-            while self._pending and (
-                not batch or size + self._pending[0].size <= self.max_batch_size
-            ):
-                request = self._pending.popleft()
-                if request.future.done():  # the client went away while queued
-                    continue
-                if deadline is None:
-                    deadline = request.enqueued + self.max_delay
-                batch.append(request)
-                size += request.size
-            full = size >= self.max_batch_size or (self._pending and batch)
-            remaining = (deadline - time.perf_counter()) if deadline is not None else 0.0
+            self._take(batch)
+            full = self._size(batch) >= self.max_batch_size or (self._pending and batch)
+            remaining = batch[0].enqueued + self.max_delay - time.perf_counter() if batch else 0
             if full or remaining <= 0:
                 return batch
             self._wakeup.clear()
@@ -105,27 +186,40 @@ class Batcher:
             except TimeoutError:
                 return batch
 
-    async def _run(self, batch: list[_Request]) -> None:
-        batch = [r for r in batch if not r.future.done()]  # clients gone while gathering
-        if not batch:
-            return
+    # ---- shared --------------------------------------------------------------------------------
+
+    def _take(self, batch: list[_Request]) -> list[_Request]:
+        """Move queued requests into ``batch`` while they fit; a request larger than the batch
+        limit runs alone rather than waiting forever. Departed clients are dropped."""
+        pending, size = self._pending, self._size(batch)
+        while pending and (not batch or size + pending[0].size <= self.max_batch_size):
+            request = pending.popleft()
+            self._queued -= request.size
+            if request.future.done():  # the client went away while queued
+                continue
+            batch.append(request)
+            size += request.size
+        return batch
+
+    @staticmethod
+    def _size(batch: list[_Request]) -> int:
+        return sum(r.size for r in batch)
+
+    def _feed(self, batch: list[_Request]) -> dict[str, np.ndarray]:
+        """The batch's inputs, concatenated; records queue times and the batch size."""
         started = time.perf_counter()
         for request in batch:
-            self.metrics.queue_time.labels(self.model.name).observe(started - request.enqueued)
-        names = list(batch[0].inputs)
+            self._queue_time.observe(started - request.enqueued)
+        self._batch_size.observe(self._size(batch))
         if len(batch) == 1:
-            feed = batch[0].inputs
-        else:
-            feed = {n: np.concatenate([r.inputs[n] for r in batch]) for n in names}
-        total = sum(r.size for r in batch)
-        self.metrics.batch_size.labels(self.model.name).observe(total)
-        loop = asyncio.get_running_loop()
-        try:
-            results = await loop.run_in_executor(self._executor, self.model.infer, feed)
-        except Exception as exc:  # every request of a failed batch gets the error
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(exc)
+            return batch[0].inputs
+        return {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}
+
+    @staticmethod
+    def _split(batch: list[_Request], results: Outputs) -> None:
+        if len(batch) == 1:
+            if not batch[0].future.done():
+                batch[0].future.set_result(results)
             return
         offset = 0
         for request in batch:
@@ -133,3 +227,9 @@ class Batcher:
             if not request.future.done():
                 request.future.set_result({n: a[offset:end] for n, a in results.items()})
             offset = end
+
+    @staticmethod
+    def _fail(batch: list[_Request], exc: Exception) -> None:
+        for request in batch:  # every request of a failed batch gets the error
+            if not request.future.done():
+                request.future.set_exception(exc)

@@ -45,6 +45,8 @@ class DataPlane:
         self.batchers: dict[tuple[str, str], Batcher] = {}
         self._activations: ActivationEvaluator | None = None
         self._infos: dict[tuple[str, str], ModelInfo] = {}
+        # The largest batch each version runs on the event loop (0: always on a thread).
+        self._inline_batch: dict[tuple[str, str], int] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -62,12 +64,15 @@ class DataPlane:
             for provider in model.providers:
                 self.metrics.providers.labels(model.name, model.version, provider).set(1)
             config = model.config
-            if settings.batching and config.dynamic_batching:
+            batching = settings.batching and config.dynamic_batching
+            size = (settings.batch_max_size or config.max_batch_size) if batching else 0
+            inline = await self._inline_limit(model, max(size, self.max_batch(model)))
+            if batching:
                 delay = settings.max_queue_delay_us
                 if delay is None:
                     delay = config.max_queue_delay_us or 0
-                size = settings.batch_max_size or config.max_batch_size
-                batcher = Batcher(model, size, delay, self.metrics)
+                size = min(size, inline) if inline else size
+                batcher = Batcher(model, size, delay, self.metrics, inline=inline > 0)
                 batcher.start()
                 self.batchers[model.name, model.version] = batcher
         # Described once: building it on every request would cost more than a small model's run.
@@ -83,12 +88,36 @@ class DataPlane:
             len(self.batchers),
         )
 
+    async def _inline_limit(self, model: Model, largest: int) -> int:
+        """The largest batch of ``model`` that runs on the event loop: one whose run, timed
+        here, takes at most ``GELU_INLINE_MAX_US``. Handing a run of a few microseconds to a
+        thread costs more than the run; the loop blocks for at most the bound per run, and
+        larger batches, or dearer models, go to a thread."""
+        bound = self.settings.inline_max_us
+        if not bound or not self.settings.warmup_runs:
+            return 0
+        limit, cost = await anyio.to_thread.run_sync(
+            model.largest_batch_within, bound, max(largest, 1)
+        )
+        self._inline_batch[model.name, model.version] = limit
+        logger.info(
+            "%s/%s: batches up to %d run on the event loop (%s %.0f µs, bound %d µs)",
+            model.name,
+            model.version,
+            limit,
+            f"a batch of {limit} took" if limit else "one sample took",
+            cost,
+            bound,
+        )
+        return limit
+
     async def stop(self) -> None:
         """Stop every batcher; what is still queued fails. The core is not ready after."""
         self._activations = None
         for batcher in self.batchers.values():
             await batcher.stop()
         self.batchers.clear()
+        self._inline_batch.clear()
 
     @property
     def ready(self) -> bool:
@@ -149,14 +178,19 @@ class DataPlane:
         inputs = self._check_inputs(model, request.inputs)
         outputs = self._check_outputs(model, request)
         names = [o.name for o in outputs]
-        batcher = self.batchers.get((model.name, model.version))
-        if batcher is not None:
+        key = model.name, model.version
+        batch = len(next(iter(inputs.values())))
+        inline = batch <= self._inline_batch.get(key, 0)
+        batcher = self.batchers.get(key)
+        if batcher is not None and inline is batcher.inline:
             results = await batcher.infer(inputs, names)
         else:
-            batch = len(next(iter(inputs.values())))
             self.metrics.batch_size.labels(model.name).observe(batch)
-            # onnxruntime releases the GIL: the run proceeds beside the event loop.
-            results = await anyio.to_thread.run_sync(model.infer, inputs, names)
+            if inline:
+                results = model.infer(inputs, names)  # bounded: see _inline_limit
+            else:
+                # onnxruntime releases the GIL: the run proceeds beside the event loop.
+                results = await anyio.to_thread.run_sync(model.infer, inputs, names)
         return InferenceResult(
             model=self._infos[model.name, model.version],
             outputs={n: results[n] for n in names},

@@ -8,6 +8,8 @@ provider, and warms the session up.
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +127,29 @@ class Model:
         for batch in (1, 8, 1, 8)[:runs]:
             feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
             self.infer(feed)
+
+    def time_run(self, batch: int, runs: int = 5) -> float:
+        """The median time of one run on a batch of ``batch`` zeros, in microseconds."""
+        feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            self.infer(feed)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    def largest_batch_within(self, budget_us: float, largest: int) -> tuple[int, float]:
+        """The largest power-of-two batch up to ``largest`` (or ``largest`` itself) whose run
+        takes at most ``budget_us``, timed here, with its time; (0, time of one) if none."""
+        batch, within, cost = 1, 0, 0.0
+        while True:
+            took = self.time_run(batch)
+            if took > budget_us:
+                return within, cost if within else took
+            within, cost = batch, took
+            if batch >= largest:
+                return within, cost
+            batch = min(batch * 2, largest)
 
     def check_against_config(self) -> None:
         """The session's inputs and outputs must be exactly those ``config.pbtxt`` declares."""

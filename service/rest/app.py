@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -23,34 +23,35 @@ from service.rest import activations, v1, v2
 from service.rest.middleware import (
     BodyLimitMiddleware,
     MetricsMiddleware,
-    error_body,
+    Receive,
+    Scope,
+    Send,
+    handle_error,
     quiet_startup_refusal,
 )
 from service.rest.openapi import add_openapi
+from service.rest.routing import DirectRoutes
 from service.settings import Settings, load_settings
 
 logger = logging.getLogger("gelu_serve")
 
 
-async def handle_error(request: Request, exc: Exception) -> Response:
-    """The one error handler: every error body is ``{"error": "..."}``."""
-    if isinstance(exc, ServiceError):
-        status, message = exc.status_code, exc.message
-    elif isinstance(exc, RequestValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        status, message = 400, f"{where}: {first.get('msg', 'invalid')}"
-    elif isinstance(exc, HTTPException):
-        status, message = exc.status_code, str(exc.detail)
-    elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
-        status, message = 400, "client disconnected before the body was complete"
-    else:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        status, message = 500, "internal server error"
-    return Response(error_body(message), status_code=status, media_type="application/json")
+class ServiceApp(FastAPI):
+    """FastAPI, with the direct routes (inference) served ahead of its middleware stack; see
+    ``service.rest.routing``. Middleware added with ``add_middleware`` does not see them."""
+
+    direct_routes: DirectRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        direct = self.direct_routes
+        if direct is not None and direct.match(scope):
+            scope["app"] = self
+            await direct(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None, core: DataPlane | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, core: DataPlane | None = None) -> ServiceApp:
     """Build the HTTP face over ``core`` (default: a new one from ``settings``, else from the
     environment); its lifespan starts and stops that core."""
     settings = core.settings if core is not None else settings or load_settings()
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
         yield
         await plane.stop()
 
-    app = FastAPI(
+    app = ServiceApp(
         title="gelu-serve",
         version=__version__,
         description="GELU networks served by onnxruntime: KServe V1 predictions, the Open "
@@ -104,6 +105,9 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
         app.add_exception_handler(exc_class, handle_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=plane.metrics)
+    # The routers are included without a prefix: their routes' paths are the app's.
+    direct = [*v1.router.routes, *v2.router.routes]
+    app.direct_routes = DirectRoutes(direct, plane.metrics, settings.max_body_bytes)
     # The router handles the lifespan scope; an instance attribute replaces its method there.
     app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]
     return app

@@ -1,14 +1,23 @@
-"""The HTTP face's pure ASGI middleware: body limit, metrics, start-up refusals."""
+"""The HTTP face's error handler and pure ASGI middleware: body limit, metrics, start-up
+refusals."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
 from service import codecs
 from service.errors import PayloadTooLargeError, ServiceError, StartupError
 from service.metrics import Metrics
+
+logger = logging.getLogger("gelu_serve")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -20,6 +29,24 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def error_body(message: str) -> bytes:
     """The one error body: ``{"error": "..."}``."""
     return codecs.dumps({"error": message})
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """The one error handler: every error body is ``{"error": "..."}``."""
+    if isinstance(exc, ServiceError):
+        status, message = exc.status_code, exc.message
+    elif isinstance(exc, RequestValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        status, message = 400, f"{where}: {first.get('msg', 'invalid')}"
+    elif isinstance(exc, HTTPException):
+        status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
+        status, message = 400, "client disconnected before the body was complete"
+    else:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        status, message = 500, "internal server error"
+    return Response(error_body(message), status_code=status, media_type="application/json")
 
 
 async def send_error(send: Send, error: ServiceError) -> None:

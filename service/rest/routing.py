@@ -1,21 +1,38 @@
 """How the HTTP routes are registered, and how they reach the serving core.
 
-Routes take the core from the app's state with ``get_plane(request)``. The inference
-routes use ``DirectRoute``: FastAPI's per-request dependency resolution was most of a small
-model's request time (py-spy under wrk; see docs/benchmarks.md). ``add_model_route`` registers
-one endpoint on a model's path and on its ``/versions/{version}`` form.
+Routes take the core from the app's state with ``get_plane(request)``. ``add_model_route``
+registers one endpoint on a model's path and on its ``/versions/{version}`` form.
+
+The inference routes are ``DirectRoute``s, served by ``DirectRoutes`` ahead of FastAPI's
+middleware and routing: under load, FastAPI's and Starlette's layers (error middleware,
+telemetry, body limit, exception middleware, exit stack, router, dependency resolution) cost
+more per request than a small model's run (py-spy under wrk; see docs/benchmarks.md). This is
+the one departure from FastAPI's usual way; a direct route still gets the service's body limit,
+metrics and error handler, and is documented in OpenAPI like any other route.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, get_route_path
 
 from service.dataplane import DataPlane
+from service.metrics import Metrics
+from service.rest.middleware import (
+    ASGIApp,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    Receive,
+    Scope,
+    Send,
+    handle_error,
+)
 
 Endpoint = Callable[..., Awaitable[Response]]
 
@@ -27,20 +44,53 @@ def get_plane(request: Request) -> DataPlane:
 
 
 class DirectRoute(APIRoute):
-    """An APIRoute whose endpoint is called with the request and its path parameters (as
-    strings) and returns a Response itself: no dependency resolution, no response validation.
-    OpenAPI still comes from the endpoint's signature and the route's declarations."""
+    """A route served by ``DirectRoutes``: its endpoint is called with the request and its
+    path parameters (as strings) and returns a Response itself. FastAPI sees it only for
+    OpenAPI and to answer 405 to other methods."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        # The endpoint itself, not the signature-only wrapper of an unversioned path: the
-        # wrapper is for OpenAPI, and one call fewer on the hot path.
-        endpoint = getattr(self.endpoint, "__wrapped__", self.endpoint)
 
-        async def handler(request: Request) -> Response:
-            response: Response = await endpoint(request=request, **request.path_params)
-            return response
+class DirectRoutes:
+    """The app's direct routes, matched and called without FastAPI's per-request layers.
 
-        return handler
+    ``match(scope)`` claims a request (setting its route and path parameters in the scope, as
+    Starlette's router does); calling the instance serves it behind the service's own metrics
+    and body-limit middleware, with the app's one error handler.
+    """
+
+    def __init__(self, routes: list[BaseRoute], metrics: Metrics, max_body_bytes: int) -> None:
+        self._routes: list[tuple[re.Pattern[str], set[str], DirectRoute]] = [
+            (r.path_regex, r.methods or set(), r) for r in routes if isinstance(r, DirectRoute)
+        ]
+        self._app: ASGIApp = MetricsMiddleware(
+            BodyLimitMiddleware(self._serve, max_body_bytes), metrics
+        )
+
+    def match(self, scope: Scope) -> bool:
+        """Whether a direct route serves this request; if so, the scope now says which."""
+        if scope["type"] != "http":
+            return False
+        method, path = scope["method"], get_route_path(scope)
+        for regex, methods, route in self._routes:
+            if method in methods and (found := regex.match(path)) is not None:
+                scope["route"] = route
+                scope["path_params"] = found.groupdict()
+                return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    @staticmethod
+    async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        endpoint = scope["route"].endpoint
+        # The endpoint itself, not the signature-only wrapper of an unversioned path.
+        endpoint = getattr(endpoint, "__wrapped__", endpoint)
+        try:
+            response = await endpoint(request, **scope["path_params"])
+        except Exception as exc:
+            response = await handle_error(request, exc)
+        await response(scope, receive, send)
 
 
 def _without_version(endpoint: Endpoint) -> Endpoint:

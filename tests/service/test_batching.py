@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import Batcher
+from service.batching import PROBE_EVERY, Batcher
 from service.metrics import Metrics
 from service.runtime import Model, ModelRepository, SessionFactory, session_options
 from tests.helpers import DIGITS
@@ -43,14 +43,22 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch) -> None:
+@pytest.fixture(params=[False, True], ids=["thread", "inline"])
+def inline(request) -> bool:
+    """Each batcher test runs with batches on a worker thread and on the event loop."""
+    return request.param
+
+
+def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch, inline) -> None:
     direct = model.infer({"input": DIGITS[:10]})
     recorder = Recorder(model, monkeypatch)
     sizes = [1, 3, 2, 4]
     offsets = np.cumsum([0, *sizes])
 
     async def scenario():
-        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics())
+        batcher = Batcher(
+            model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics(), inline=inline
+        )
         batcher.start()
         results = await asyncio.gather(*(
             batcher.infer({"input": DIGITS[a:b]}, ["probabilities"])
@@ -66,11 +74,13 @@ def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch
         np.testing.assert_allclose(result["probabilities"], direct["probabilities"][a:b], rtol=1e-6)
 
 
-def test_batches_respect_the_maximum_size(model, monkeypatch) -> None:
+def test_batches_respect_the_maximum_size(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(model, max_batch_size=4, max_queue_delay_us=20_000, metrics=Metrics())
+        batcher = Batcher(
+            model, max_batch_size=4, max_queue_delay_us=20_000, metrics=Metrics(), inline=inline
+        )
         batcher.start()
         await asyncio.gather(*(batcher.infer({"input": DIGITS[:3]}) for _ in range(3)))
         # A request above the maximum runs alone instead of waiting forever.
@@ -81,11 +91,13 @@ def test_batches_respect_the_maximum_size(model, monkeypatch) -> None:
     assert recorder.sizes[:3] == [3, 3, 3] and recorder.sizes[3] == 9
 
 
-def test_a_failed_batch_fails_every_request_in_it(model, monkeypatch) -> None:
+def test_a_failed_batch_fails_every_request_in_it(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=20_000, metrics=Metrics())
+        batcher = Batcher(
+            model, max_batch_size=64, max_queue_delay_us=20_000, metrics=Metrics(), inline=inline
+        )
         batcher.start()
         recorder.fail = True
         failed = await asyncio.gather(
@@ -102,11 +114,13 @@ def test_a_failed_batch_fails_every_request_in_it(model, monkeypatch) -> None:
     assert after["logits"].shape == (2, 10)
 
 
-def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch) -> None:
+def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics())
+        batcher = Batcher(
+            model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics(), inline=inline
+        )
         batcher.start()
         tasks = [asyncio.create_task(batcher.infer({"input": DIGITS[:n]})) for n in (1, 2, 4)]
         await asyncio.sleep(0.005)  # queued, the batch still gathering
@@ -121,11 +135,13 @@ def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch)
     assert recorder.sizes == [5]  # the departed request was never computed
 
 
-def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch) -> None:
+def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics())
+        batcher = Batcher(
+            model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics(), inline=inline
+        )
         batcher.start()
         result = await asyncio.wait_for(batcher.infer({"input": DIGITS[:1]}), timeout=5)
         await batcher.stop()
@@ -133,6 +149,30 @@ def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch) -> None:
 
     assert run(scenario())["logits"].shape == (1, 10)
     assert recorder.sizes == [1]
+
+
+def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_requests(
+    model, monkeypatch, inline
+) -> None:
+    """Requests queued in one loop iteration share a run; after a lone client (batches of one
+    in a row), a burst of concurrent requests is batched again within a few requests."""
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = Batcher(
+            model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics(), inline=inline
+        )
+        batcher.start()
+        for _ in range(3):  # a lone client
+            await batcher.infer({"input": DIGITS[:1]})
+        for _ in range(PROBE_EVERY + 1):  # bursts of 8 concurrent requests
+            await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(8)))
+        await batcher.stop()
+
+    run(scenario())
+    assert recorder.sizes[:3] == [1, 1, 1]
+    assert sum(recorder.sizes) == 3 + 8 * (PROBE_EVERY + 1)  # every sample computed once
+    assert recorder.sizes[-1] == 8  # a burst is one run again
 
 
 def test_batching_through_the_app(settings_factory) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from service.dataplane import DataPlane
 from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
+from service.runtime import Model
 from tests.helpers import DIGITS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +112,48 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/s
     assert " passed" in result.stdout, result.stdout[-500:]
     skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("GPU" in line for line in skips), skips  # nothing skipped for want of torch
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("batching", [True, False])
+async def test_cheap_batches_run_on_the_loop_and_larger_ones_on_a_thread(
+    settings_factory, monkeypatch, batching: bool
+) -> None:
+    """Batches within the inline bound (timed at start) run on the event loop; a request
+    larger than that runs on a worker thread, with the same answers either way."""
+    threads: list[int] = []
+    real_infer = Model.infer
+
+    def infer(self, inputs, outputs=None):
+        threads.append(threading.get_ident())
+        return real_infer(self, inputs, outputs)
+
+    monkeypatch.setattr(Model, "largest_batch_within", lambda self, budget, largest: (4, 1.0))
+    monkeypatch.setattr(Model, "infer", infer)
+    core = DataPlane(settings_factory(batching=batching))
+    await core.start()
+    try:
+        loop_thread = threading.get_ident()
+        batcher = core.batchers.get(("digits-mlp", "2"))
+        assert (batcher is not None) is batching
+        if batcher is not None:
+            assert batcher.inline and batcher.max_batch_size == 4
+        threads.clear()
+        small = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:4])]))
+        large = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:9])]))
+        assert threads[0] == loop_thread and threads[1] != loop_thread
+        np.testing.assert_array_equal(small.outputs["logits"], large.outputs["logits"][:4])
+    finally:
+        await core.stop()
+
+
+@pytest.mark.anyio
+async def test_inline_bound_zero_runs_everything_on_threads(settings_factory) -> None:
+    core = DataPlane(settings_factory(inline_max_us=0))
+    await core.start()
+    try:
+        assert not any(b.inline for b in core.batchers.values())
+        result = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:2])]))
+        assert result.outputs["logits"].shape == (2, 10)
+    finally:
+        await core.stop()

@@ -109,3 +109,13 @@ def test_openapi_documents_every_route(client) -> None:
     infer = spec["paths"]["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
     assert "application/octet-stream" in infer
     assert client.get("/docs").status_code == 200
+
+
+def test_largest_batch_within_a_budget(model_repository: Path) -> None:
+    from service.runtime import ModelRepository, SessionFactory, session_options
+
+    sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
+    model = ModelRepository.load(model_repository, sessions, 0).get("digits-mlp")
+    assert model.largest_batch_within(1e9, 300)[0] == 300  # powers of two, then the largest
+    limit, cost = model.largest_batch_within(0, 300)
+    assert limit == 0 and cost > 0  # not even one sample fits: the time of one is reported

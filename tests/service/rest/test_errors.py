@@ -146,3 +146,29 @@ def test_request_batch_limit_from_settings(settings_factory) -> None:
         assert_error(limited.post(V1, json={"instances": [ROW] * 5}), 413, "maximum of 4")
         assert_error(limited.post(V2, json=v2_body(shape=[5, 64], data=ROW * 5)), 413,
                      "maximum of 4")  # fmt: skip
+
+
+def test_direct_routes_answer_other_methods_and_failures_in_the_one_shape(client) -> None:
+    """The inference routes, served ahead of FastAPI's stack, still give 405 for other
+    methods, 500 in the error shape for a failure of ours, and keep serving."""
+    assert_error(client.get(V2), 405, "Method Not Allowed")
+    assert_error(client.put(V1, json={}), 405, "Method Not Allowed")
+    plane = client.app.state.dataplane
+    real = plane.infer
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    plane.infer = broken
+    try:
+        assert_error(client.post(V1, json={"instances": [ROW]}), 500, "internal server error")
+    finally:
+        plane.infer = real
+    assert client.post(V1, json={"instances": [ROW]}).status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'code="500",endpoint="/v1/models/{name}:predict",model="digits-mlp"' in metrics
+    versioned = client.post("/v2/models/digits-mlp/versions/1/infer", json=v2_body())
+    assert versioned.status_code == 200
+    assert 'endpoint="/v2/models/{name}/versions/{version}/infer",model="digits-mlp"' in (
+        client.get("/metrics").text
+    )

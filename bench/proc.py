@@ -1,0 +1,118 @@
+"""What a benchmark point really used, read from /proc: the server's threads and their CPUs,
+its CPU time, and the hypervisor's steal.
+
+``taskset`` pins only the threads that exist when it starts the process, and onnxruntime sets
+the affinity of the thread pools it creates later; a server "on one core" can then run on two.
+``pin_tree`` pins every thread of a process and its children after start-up, and
+``check_pinned`` proves it before each point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_list(spec: str) -> set[int]:
+    """``"0"``, ``"0,1"`` or ``"0-3"`` as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's worker processes)."""
+    tree = [pid]
+    for parent in tree:  # grows as children are found
+        children = Path(f"/proc/{parent}/task/{parent}/children")
+        with contextlib.suppress(OSError):
+            tree += [int(c) for c in children.read_text().split()]
+    return tree
+
+
+def threads(pid: int) -> list[int]:
+    """Thread ids of every process in ``pid``'s tree."""
+    tids = []
+    for process in process_tree(pid):
+        with contextlib.suppress(OSError):
+            tids += [int(t) for t in os.listdir(f"/proc/{process}/task")]
+    return tids
+
+
+def pin_tree(pid: int, cpus: set[int]) -> int:
+    """Pin every thread of ``pid``'s tree to ``cpus``; returns how many were elsewhere."""
+    moved = 0
+    for tid in threads(pid):
+        try:
+            if os.sched_getaffinity(tid) != cpus:
+                os.sched_setaffinity(tid, cpus)
+                moved += 1
+        except OSError:  # the thread ended meanwhile
+            pass
+    return moved
+
+
+def check_pinned(pid: int, cpus: set[int]) -> int:
+    """The number of threads in ``pid``'s tree, after checking each runs only on ``cpus``."""
+    tids = threads(pid)
+    stray = [t for t in tids if _affinity(t) not in (cpus, None)]
+    if stray:
+        raise RuntimeError(f"threads {stray} of process {pid} may run outside CPUs {cpus}")
+    return len(tids)
+
+
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:
+        return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid``'s tree so far."""
+    total = 0
+    for process in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / TICKS
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests, machine-wide, so far."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / TICKS
+
+
+@dataclass
+class Usage:
+    """Cores a server used and cores stolen by the hypervisor over one measurement."""
+
+    server_cores: float
+    steal_cores: float
+
+
+class UsageMeter:
+    """``start()`` before a run, ``stop()`` after: the server's cores and the steal between."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+
+    def start(self) -> None:
+        self._wall = time.monotonic()
+        self._cpu = cpu_seconds(self.pid) if self.pid else 0.0
+        self._steal = steal_seconds()
+
+    def stop(self) -> Usage:
+        elapsed = time.monotonic() - self._wall
+        cpu = cpu_seconds(self.pid) - self._cpu if self.pid else 0.0
+        return Usage(cpu / elapsed, (steal_seconds() - self._steal) / elapsed)
