@@ -40,7 +40,8 @@ class Request:
 def run_wrk(
     base_url: str, request: Request, connections: int, seconds: float, cpu: int | None
 ) -> dict[str, Any]:
-    """requests/s, p50 and p99 in ms, and errors (non-2xx or socket) for one wrk run."""
+    """requests/s, p50 and p99 in ms, errors (non-2xx or socket) and the request's size for one
+    wrk run."""
     with tempfile.TemporaryDirectory() as tmp:
         body = Path(tmp) / "body"
         body.write_bytes(request.body)
@@ -70,6 +71,7 @@ def run_wrk(
     seconds_run = raw["duration_us"] / 1e6
     return {
         "requests": raw["requests"],
+        "request_bytes": len(request.body),
         "rps": raw["requests"] / seconds_run,
         "p50_ms": raw["p50_us"] / 1000,
         "p99_ms": raw["p99_us"] / 1000,

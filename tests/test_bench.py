@@ -26,16 +26,21 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     scenarios = {row["scenario"] for row in report["http"]}
-    assert {"http floor", "v1 predict, batching on", "v2-binary predict, batching on",
-            "v1 predict, batching off"} <= scenarios  # fmt: skip
-    for row in report["http"]:
+    assert {"http floor", "naive app", "v1 predict, batching on", "v2-binary predict, batching on",
+            "v1 predict, batching off", "v2-binary predict, batching off"} <= scenarios  # fmt: skip
+    for row in report["http"] + report["activations"]:
         assert row["errors"] == 0, row
         assert row["requests"] > 0 and row["rps"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
-    assert {a["format"] for a in report["activations"]} == {"binary", "json"}
-    assert all(a["errors"] == 0 and a["input_mb_per_s"] > 0 for a in report["activations"])
+        # every thread of the one-core servers was pinned and checked; CPU and steal recorded
+        assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
+        assert row["steal_cores"] >= 0 and 1 <= row["attempts"] <= 3
+    activations = {(a["scenario"], a["concurrency"]) for a in report["activations"]}
+    assert {("echo floor", 1), ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations
     assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
+    assert report["breakdown"]["onnxruntime run, batch of 1"] > 0
     markdown = (tmp_path / "benchmarks.md").read_text()
     assert "| zero errors | 0 errors | yes |" in markdown
     assert "gelu-serve bench" in markdown
+    assert "## Where the time goes" in markdown and "| naive app | " in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
