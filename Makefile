@@ -6,7 +6,7 @@ REPOSITORY ?= model_repository
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench loadtest clean
+.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench bench-peers loadtest clean
 
 install: $(VENV)/.installed
 
@@ -54,11 +54,15 @@ test-fast: install
 # model needs Fashion-MNIST (Debian's dataset-fashion-mnist), installed here when missing.
 bench: install tools
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || true
-	$(BIN)/gelu-serve bench --repository $(REPOSITORY)
+	$(BIN)/gelu-serve bench --repository $(REPOSITORY) $(BENCH_FLAGS)
+
+# The same run with MLServer and BentoML beside it, each installed once into .bench-peers/.
+bench-peers:
+	$(MAKE) bench BENCH_FLAGS=--peers
 
 # A headless Locust run against a service already running on HOST:PORT (`make run`).
 loadtest: install
 	$(BIN)/locust -f bench/locustfile.py --headless --users 16 --spawn-rate 16 --run-time 30s --host http://$(HOST):$(PORT)
 
 clean:
-	rm -rf $(VENV) checkpoints .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) checkpoints .bench-peers .mypy_cache .ruff_cache .pytest_cache

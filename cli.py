@@ -45,11 +45,10 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    """Run the service under uvicorn; settings are checked before any worker starts."""
+    """Run the service; settings are checked before any worker starts."""
     import os
 
-    import uvicorn
-
+    from service.rest.server import serve as run_server
     from service.settings import load_settings
 
     settings = load_settings()
@@ -59,15 +58,7 @@ def serve(args: argparse.Namespace) -> None:
         directory = tempfile.mkdtemp(prefix="gelu-serve-metrics-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    uvicorn.run(
-        "service.rest.app:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=workers,
-        log_level=settings.log_level,
-        access_log=False,
-    )
+    run_server(args.host, args.port, workers, settings.log_level)
 
 
 SUBCOMMANDS = {

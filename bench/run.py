@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import numpy as np
 
 from bench.proc import UsageMeter, check_pinned, cpu_list, pin_tree
 from bench.wrk import Request, run_wrk
+from contract.model_config import load_model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVATION_VALUES = 1_000_000
@@ -47,6 +48,8 @@ TARGET_NAIVE_RATIO = 2.5  # V1 against the naive app, c=64, one process and two
 TARGET_WORKERS_GAIN = 1.8  # two workers on two cores against one on one
 TARGET_BATCHING_GAIN = 4.0  # larger model, c=64: batching on against off
 TARGET_ACTIVATION_RATIO = 0.8  # 1e6 float32 binary against the 4 MB echo, c=1 and c=4
+TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process each
+PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"
 MAX_STEAL = 0.15  # cores; a point taken under more is measured again
 ATTEMPTS = 3
 
@@ -90,23 +93,34 @@ class Server:
 def server(
     app: str, env: dict[str, str], workers: int, cpus: str, ready_path: str
 ) -> Iterator[Server]:
-    """A uvicorn process on ``cpus`` with every thread pinned there, ready; SIGTERM on exit.
-
-    ``taskset`` pins the threads that exist at start; onnxruntime sets its thread pools'
-    affinity itself, so every thread of the process tree is pinned again once the server is
-    ready (and checked before each point by ``measure``).
-    """
+    """A uvicorn process serving ``app`` (see ``serve``)."""
     port = _free_port()
     command = [
-        "taskset", "-c", cpus, sys.executable, "-m", "uvicorn", "--factory", app,
-        "--port", str(port), "--workers", str(workers), "--no-access-log", "--log-level", "warning",
+        sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(port),
+        "--workers", str(workers), "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env})
+    with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
+        yield started
+
+
+@contextmanager
+def serve(
+    command: list[str], env: dict[str, str], cpus: str, port: int, ready_path: str, settle: float
+) -> Iterator[Server]:
+    """``command`` on ``cpus`` with every thread pinned there, ready; SIGTERM on exit.
+
+    ``taskset`` pins the threads that exist at start; onnxruntime sets its thread pools'
+    affinity itself, and servers start worker processes, so every thread of the process tree is
+    pinned again once the server is ready (and checked before each point by ``measure``).
+    """
+    process = subprocess.Popen(
+        ["taskset", "-c", cpus, *command], cwd=ROOT, env={**os.environ, **env}
+    )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"{app} exited with {process.returncode}")
+                raise RuntimeError(f"{command[0]} exited with {process.returncode}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
                 conn.request("GET", ready_path)
@@ -115,9 +129,9 @@ def server(
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{app} not ready")
+                raise TimeoutError(f"{command[0]} not ready")
             time.sleep(0.2)
-        time.sleep(0.5 * workers)  # let every worker finish its start-up
+        time.sleep(settle)  # let every worker finish its start-up
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
         yield Server(f"http://127.0.0.1:{port}", process.pid, pinned)
@@ -127,6 +141,22 @@ def server(
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@contextmanager
+def peers(model_file: Path, max_batch_size: int, cpus: str) -> Iterator[dict[str, Server]]:
+    """MLServer and BentoML serving ``model_file`` on ``cpus``, by name."""
+    from bench.peers.environments import bentoml_command, mlserver_command
+
+    ml_port, bento_port = _free_port(), _free_port()
+    side_ports = (_free_port(), _free_port())
+    bento, bento_env = bentoml_command(model_file, bento_port, max_batch_size)
+    with (
+        mlserver_command(SMALL, model_file, ml_port, max_batch_size, side_ports) as (ml, ml_env),
+        serve(ml, ml_env, cpus, ml_port, "/v2/health/ready", settle=1.0) as mlserver,
+        serve(bento, bento_env, cpus, bento_port, "/readyz", settle=1.0) as bentoml,
+    ):
+        yield {"mlserver": mlserver, "bentoml": bentoml}
 
 
 def measure(
@@ -335,6 +365,7 @@ def run(args: argparse.Namespace) -> Results:
     large = ensure_models(repository, large=not args.smoke)
     command = "gelu-serve bench " + " ".join(a for a in sys.argv[1:] if a != "bench")
     results = Results(environment(args, command))
+    every_cpu = ",".join(map(str, sorted(os.sched_getaffinity(0))))  # before pinning this one
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})  # this process: compute floor, breakdown
     concurrencies = [int(c) for c in args.concurrency.split(",")]
@@ -349,7 +380,6 @@ def run(args: argparse.Namespace) -> Results:
     }
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
     service, ready = "service.rest.app:create_app", "/v2/health/ready"
-    every_cpu = ",".join(map(str, sorted(os.sched_getaffinity(0) | {args.client_cpu})))
 
     def point(
         name: str, target: Server, request: Request, c: int, rows: list[Any], pin: bool = True
@@ -368,7 +398,16 @@ def run(args: argparse.Namespace) -> Results:
     # concurrency every scenario is driven back to back, so each ratio compares runs taken
     # within a minute or two.
     cpus, workers = args.server_cpus, 1
+    model_file = repository / SMALL / "1" / "model.onnx"
+    small_config = load_model_config((repository / SMALL / "config.pbtxt").read_text())
+    no_peers: dict[str, Server] = {}
+    compared: AbstractContextManager[dict[str, Server]] = (
+        peers(model_file, small_config.max_batch_size, cpus)
+        if args.peers
+        else nullcontext(no_peers)
+    )
     with (
+        compared as others,
         server("bench.floor:create_app", {}, workers, cpus, "/docs") as floor,
         server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
         server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
@@ -376,6 +415,12 @@ def run(args: argparse.Namespace) -> Results:
     ):
         floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
         scenarios = [("http floor", floor, floor_request), ("naive app", naive, small["v1"])]
+        if others:
+            bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
+            scenarios += [
+                (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
+                (f"{PEER_BENTOML}", others["bentoml"], bento_request),
+            ]
         for state, target in (("on", on), ("off", off)):
             scenarios += [(f"{k} predict, batching {state}", target, small[k]) for k in small]
         if not args.smoke:
@@ -383,6 +428,11 @@ def run(args: argparse.Namespace) -> Results:
                 (f"{large} v2-binary, batching on", on, big["v2-binary"]),
                 (f"{large} v2-binary, batching off", off, big["v2-binary"]),
             ]
+        warmed: set[str] = set()
+        for _, target, request in scenarios:  # one unrecorded second per server first
+            if target.url not in warmed:
+                run_wrk(target.url, request, 8, 1, args.client_cpu)
+                warmed.add(target.url)
         for c in concurrencies:
             for name, target, request in scenarios:
                 point(name, target, request, c, results.http)
@@ -391,12 +441,28 @@ def run(args: argparse.Namespace) -> Results:
             point("gelu, float32 binary", on, activation["binary"], c, results.activations)
         point("gelu, JSON", on, activation["json"], 1, results.activations)
     if not args.smoke:  # two processes and wrk, all free to use every core
+        port = _free_port()
+        serve_two = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
         with (
-            server(service, base_env, 2, every_cpu, ready) as two,
+            serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as two,
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
         ):
-            point("v1 predict, 2 workers", two, small["v1"], top, results.http, pin=False)
-            point("naive app, 2 workers", naive_two, small["v1"], top, results.http, pin=False)
+            point(
+                "v1 predict, gelu-serve serve --workers 2",
+                two,
+                small["v1"],
+                top,
+                results.http,
+                pin=False,
+            )
+            point(
+                "naive app, uvicorn --workers 2",
+                naive_two,
+                small["v1"],
+                top,
+                results.http,
+                pin=False,
+            )
     order = {name: i for i, (name, _, _) in enumerate(scenarios)}
     results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
     results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)
@@ -438,14 +504,17 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     v1, naive = results.rps("v1 predict, batching on", top), results.rps("naive app", top)
     ratio(f"v1 at c={top} >= {TARGET_NAIVE_RATIO:g}x the naive app", v1, naive,
           TARGET_NAIVE_RATIO, " req/s")  # fmt: skip
-    two, naive_two = (
-        results.rps("v1 predict, 2 workers", top),
-        results.rps("naive app, 2 workers", top),
-    )
+    two = results.rps("v1 predict, gelu-serve serve --workers 2", top)
+    naive_two = results.rps("naive app, uvicorn --workers 2", top)
     ratio(f"v1 at c={top}: 2 workers >= {TARGET_WORKERS_GAIN:g}x 1 worker", two, v1,
           TARGET_WORKERS_GAIN, " req/s")  # fmt: skip
     ratio(f"v1 at c={top}, 2 workers each: >= {TARGET_NAIVE_RATIO:g}x the naive app", two,
           naive_two, TARGET_NAIVE_RATIO, " req/s")  # fmt: skip
+    v2 = results.rps("v2-json predict, batching on", top)
+    ratio(f"v2-json at c={top} >= {TARGET_PEER_RATIO:g}x {PEER_MLSERVER}", v2,
+          results.rps(f"{PEER_MLSERVER} v2-json", top), TARGET_PEER_RATIO, " req/s")  # fmt: skip
+    ratio(f"v1 at c={top} against {PEER_BENTOML} (no target)", v1, results.rps(PEER_BENTOML, top),
+          0.0, " req/s")  # fmt: skip
     on = results.rps(f"{large} v2-binary, batching on", top)
     off = results.rps(f"{large} v2-binary, batching off", top)
     ratio(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off", on, off,
@@ -469,6 +538,36 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
 def megabytes(row: dict[str, Any]) -> float:
     """MB/s of request body (float32 input for the activation rows)."""
     return float(row["rps"] * row["request_bytes"] / 1e6)
+
+
+README = ROOT / "README.md"
+README_BLOCK = ("<!-- bench-targets: generated by make bench -->\n", "<!-- /bench-targets -->\n")
+
+
+def targets_table(results: Results) -> list[str]:
+    """The targets as a Markdown table: target, measured, met."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for target, measured, met in targets(results, results.environment["large_model"]):
+        lines.append(f"| {target} | {measured} | {'yes' if met else '**no**'} |")
+    return lines
+
+
+def readme_block(results: Results) -> str:
+    """The README's targets block: the run's date and command, then the table."""
+    env = results.environment
+    lines = [f"Run of {env['date']} (`{env['command']}`):", "", *targets_table(results)]
+    return README_BLOCK[0] + "\n".join(lines) + "\n" + README_BLOCK[1]
+
+
+def replace_readme_block(readme: str, block: str) -> str:
+    """``readme`` with its targets block replaced by ``block``."""
+    start, end = readme.index(README_BLOCK[0]), readme.index(README_BLOCK[1])
+    return readme[:start] + block + readme[end + len(README_BLOCK[1]) :]
+
+
+def load_results(path: Path) -> Results:
+    """A run's results back from its benchmarks.json."""
+    return Results(**json.loads(path.read_text()))
 
 
 def write_report(results: Results, out: Path) -> None:
@@ -499,11 +598,8 @@ def write_report(results: Results, out: Path) -> None:
         "",
         "## Targets",
         "",
-        "| target | measured | met |",
-        "|---|---|---|",
+        *targets_table(results),
     ]
-    for target, measured, met in targets(results, env["large_model"]):
-        lines.append(f"| {target} | {measured} | {'yes' if met else '**no**'} |")
     lines += [
         "",
         "## HTTP, wrk",
@@ -567,7 +663,7 @@ def where_the_time_goes(results: Results) -> list[str]:
     ]
     floor = results.find(results.http, "http floor", top).get("cpu_us_per_request", 0.0)
     for row in results.http:
-        if row["concurrency"] == top and "2 workers" not in row["scenario"]:
+        if row["concurrency"] == top and "--workers 2" not in row["scenario"]:
             us = row["cpu_us_per_request"]
             lines.append(f"| {row['scenario']} | {us:.0f} | {us - floor:+.0f} |")
     lines += [
@@ -624,6 +720,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="report directory (docs)")
     parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also MLServer and BentoML, each installed once into .bench-peers/ (`make "
+        "bench-peers`)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="a few seconds: no larger model and no 2-worker runs, for the tests",
@@ -634,6 +736,9 @@ def report(args: argparse.Namespace) -> None:
     """Measure, write the report, print each target as met or missed."""
     results = run(args)
     write_report(results, args.out)
+    if args.out.resolve() == (ROOT / "docs").resolve() and not args.smoke:
+        README.write_text(replace_readme_block(README.read_text(), readme_block(results)))
+        print(f"updated the targets in {README}")
     for target, measured, met in targets(results, results.environment["large_model"]):
         print(f"{'met ' if met else 'MISS'} {target}: {measured}")
     print(f"wrote {args.out}/benchmarks.md, benchmarks.json, benchmarks.png")

@@ -66,13 +66,14 @@ class DataPlane:
             config = model.config
             batching = settings.batching and config.dynamic_batching
             size = (settings.batch_max_size or config.max_batch_size) if batching else 0
-            inline = await self._inline_limit(model, max(size, self.max_batch(model)))
+            inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
             if batching:
                 delay = settings.max_queue_delay_us
                 if delay is None:
                     delay = config.max_queue_delay_us or 0
-                size = min(size, inline) if inline else size
-                batcher = Batcher(model, size, delay, self.metrics, inline=inline > 0)
+                # Inline batches stay within the bound; a larger request runs on a thread.
+                size = min(size, inline_batch) if inline_batch else size
+                batcher = Batcher(model, size, delay, self.metrics, inline=inline_batch > 0)
                 batcher.start()
                 self.batchers[model.name, model.version] = batcher
         # Described once: building it on every request would cost more than a small model's run.

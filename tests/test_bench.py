@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # real servers or training
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # real servers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
 def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     result = subprocess.run(
@@ -44,3 +43,13 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_targets_are_the_committed_run() -> None:
+    """The README's targets block is what docs/benchmarks.json gives, byte for byte."""
+    from bench.run import README_BLOCK, load_results, readme_block
+
+    block = readme_block(load_results(ROOT / "docs" / "benchmarks.json"))
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(README_BLOCK[0])
+    assert readme[start : readme.index(README_BLOCK[1]) + len(README_BLOCK[1])] == block

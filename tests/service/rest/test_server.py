@@ -1,0 +1,85 @@
+"""``gelu-serve serve``: one process, or workers that each accept their own connections."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(repository: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "GELU_MODEL_REPOSITORY": str(repository), "GELU_WARMUP_RUNS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_a_port_in_use_is_one_clear_error(model_repository: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start(model_repository, port, "--workers", "2")
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1, output
+    assert f"cannot bind 127.0.0.1:{port}: Address already in use" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.slow  # real worker processes
+def test_workers_share_a_burst_of_connections_and_stop_cleanly(model_repository: Path) -> None:
+    """A burst of new connections reaches both workers (each has its own SO_REUSEPORT
+    socket), and SIGTERM stops the service cleanly."""
+    import psutil
+
+    port = free_port()
+    process = start(model_repository, port, "--workers", "2")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                probe = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                probe.request("GET", "/v2/health/ready")
+                ready = probe.getresponse().status == 200
+                probe.close()
+                if ready:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "not ready"
+            time.sleep(0.2)
+        connections = [http.client.HTTPConnection("127.0.0.1", port) for _ in range(32)]
+        for connection in connections:
+            connection.request("GET", "/v2/health/live")
+            assert connection.getresponse().read() == b'{"live":true}'
+        held = {
+            child.pid: sum(
+                c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+                for c in child.net_connections("tcp")
+            )
+            for child in psutil.Process(process.pid).children()
+        }
+        busy = [count for count in held.values() if count]
+        assert len(busy) == 2 and sum(busy) == 32, held
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert output.count("Application shutdown complete") == 2, output
