@@ -154,6 +154,39 @@ class TensorConfig:
 
 
 @dataclass(frozen=True)
+class VersionPolicy:
+    """Triton's ``version_policy``: which of a model's versions are served.
+
+    ``latest`` serves the ``num_versions`` highest, ``all`` every one, ``specific`` those
+    listed; absent from ``config.pbtxt``, Triton's default is ``latest { num_versions: 1 }``.
+    """
+
+    kind: str = "latest"  # "latest", "all" or "specific"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to serve among ``available``, in ascending order."""
+        ordered = sorted(available)
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return [v for v in ordered if v in self.versions]
+        return ordered[-self.num_versions :] if self.num_versions > 0 else []
+
+    def to_pbtxt(self) -> str:
+        """The ``version_policy`` field."""
+        if self.kind == "all":
+            return "version_policy: { all: { } }"
+        if self.kind == "specific":
+            return f"version_policy: {{ specific: {{ versions: {list(self.versions)} }} }}"
+        return f"version_policy: {{ latest: {{ num_versions: {self.num_versions} }} }}"
+
+
+SERVE_ALL = VersionPolicy("all")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """What the service needs from ``config.pbtxt``."""
 
@@ -164,9 +197,10 @@ class ModelConfig:
     outputs: tuple[TensorConfig, ...]
     dynamic_batching: bool
     max_queue_delay_us: int | None
+    version_policy: VersionPolicy = SERVE_ALL  # what export writes; a file without one: latest 1
 
     def to_pbtxt(self) -> str:
-        """The config.pbtxt text: every version served (``version_policy all``)."""
+        """The config.pbtxt text."""
 
         def tensors(field: str, specs: tuple[TensorConfig, ...]) -> str:
             return f"{field} [\n" + ",\n".join(t.to_pbtxt() for t in specs) + "\n]\n"
@@ -175,7 +209,8 @@ class ModelConfig:
             f'name: "{self.name}"\n'
             f'platform: "{self.platform}"\n'
             f"max_batch_size: {self.max_batch_size}\n"
-            "version_policy: { all: { } }\n"
+            + self.version_policy.to_pbtxt()
+            + "\n"
             + tensors("input", self.inputs)
             + tensors("output", self.outputs)
         )
@@ -202,6 +237,24 @@ def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
     return TensorConfig(str(_one(fields, "name")), TRITON_TO_V2[data_type], dims)
 
 
+def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
+    policies = fields.get("version_policy")
+    if not policies:
+        return VersionPolicy()  # Triton's default: the latest version
+    policy = policies[-1]
+    if len(policy) != 1 or next(iter(policy)) not in ("latest", "all", "specific"):
+        raise ConfigParseError("version_policy must hold one of latest, all, specific")
+    kind, (body,) = next(iter(policy.items()))
+    if kind == "latest":
+        count = int(_one(body, "num_versions", 1))
+        if count < 1:
+            raise ConfigParseError("version_policy latest: num_versions must be at least 1")
+        return VersionPolicy("latest", count)
+    if kind == "specific":
+        return VersionPolicy("specific", versions=tuple(int(v) for v in body.get("versions", [])))
+    return SERVE_ALL
+
+
 def load_model_config(text: str) -> ModelConfig:
     """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong."""
     fields = parse_pbtxt(text)
@@ -215,4 +268,5 @@ def load_model_config(text: str) -> ModelConfig:
         outputs=tuple(_tensor(f) for f in fields.get("output", [])),
         dynamic_batching=bool(batching),
         max_queue_delay_us=int(delay) if delay >= 0 else None,
+        version_policy=_version_policy(fields),
     )

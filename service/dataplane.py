@@ -17,22 +17,34 @@ import anyio.to_thread
 import numpy as np
 
 from service.activations import ACTIVATIONS, ActivationEvaluator
-from service.batching import Batcher
 from service.codecs import cast
-from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
+from service.errors import (
+    BadInputError,
+    ModelLoadError,
+    NotFoundError,
+    NotReadyError,
+    PayloadTooLargeError,
+    StartupError,
+)
 from service.inference import (
     InferenceRequest,
     InferenceResult,
     ModelInfo,
     RequestInput,
     RequestOutput,
-    TensorInfo,
 )
 from service.metrics import Metrics
-from service.runtime import Model, ModelRepository, SessionFactory, session_options
+from service.repository import ModelRepository
+from service.runtime import Model, SessionFactory, model_names, session_options
 from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
+# Triton's answer to a load or unload outside explicit mode.
+CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
+
+
+class ControlForbiddenError(NotReadyError):
+    """Load and unload outside explicit mode (Triton answers 503 UNAVAILABLE)."""
 
 
 class DataPlane:
@@ -41,84 +53,64 @@ class DataPlane:
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics(settings.prometheus_multiproc_dir is not None)
-        self.repository = ModelRepository({})
-        self.batchers: dict[tuple[str, str], Batcher] = {}
+        self.repository: ModelRepository | None = None
         self._activations: ActivationEvaluator | None = None
-        self._infos: dict[tuple[str, str], ModelInfo] = {}
-        # The largest batch each version runs on the event loop (0: always on a thread).
-        self._inline_batch: dict[tuple[str, str], int] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load, check and warm every model version (off the event loop), build the activation
-        graphs, start a batcher per batching version; ``StartupError`` says what is wrong."""
+        """Load, check and warm the models the control mode names (off the event loop), build
+        the activation graphs, start polling in poll mode; ``StartupError`` says what is wrong
+        (a model that fails to load is one only with ``GELU_EXIT_ON_ERROR``)."""
         settings = self.settings
+        root = settings.model_repository
+        if not root.is_dir():
+            raise StartupError(
+                f"model repository {root} does not exist; build the defaults with `make models` "
+                "or point GELU_MODEL_REPOSITORY at one"
+            )
         options = session_options(settings.intra_op_threads, settings.inter_op_threads)
         sessions = SessionFactory(settings.ort_providers, options, settings.strict_providers)
-        self.repository = await anyio.to_thread.run_sync(
-            ModelRepository.load, settings.model_repository, sessions, settings.warmup_runs
-        )
-        self._activations = await anyio.to_thread.run_sync(ActivationEvaluator, sessions)
-        for model in self.repository.all():
-            for provider in model.providers:
-                self.metrics.providers.labels(model.name, model.version, provider).set(1)
-            config = model.config
-            batching = settings.batching and config.dynamic_batching
-            size = (settings.batch_max_size or config.max_batch_size) if batching else 0
-            inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
-            if batching:
-                delay = settings.max_queue_delay_us
-                if delay is None:
-                    delay = config.max_queue_delay_us or 0
-                # Inline batches stay within the bound; a larger request runs on a thread.
-                size = min(size, inline_batch) if inline_batch else size
-                batcher = Batcher(model, size, delay, self.metrics, inline=inline_batch > 0)
-                batcher.start()
-                self.batchers[model.name, model.version] = batcher
-        # Described once: building it on every request would cost more than a small model's run.
-        self._infos = {(m.name, m.version): self._describe(m) for m in self.repository.all()}
+        repository = ModelRepository(settings, sessions, self.metrics)
+        names = model_names(root)
+        if settings.model_control_mode == "explicit" and "*" not in settings.load_models:
+            names = settings.load_models
+        for name in names:
+            try:
+                await repository.load(name)
+            except (ModelLoadError, NotFoundError) as exc:
+                if settings.exit_on_error:
+                    await repository.stop()
+                    raise StartupError(
+                        f"{exc} (GELU_EXIT_ON_ERROR=false serves the rest)"
+                    ) from None
+        try:
+            self._activations = await anyio.to_thread.run_sync(ActivationEvaluator, sessions)
+        except ModelLoadError as exc:
+            await repository.stop()
+            raise StartupError(str(exc)) from None
+        if not repository.names():
+            logger.warning("model repository %s: no model is serving", root)
+        if settings.model_control_mode == "poll":
+            repository.start_polling(settings.repository_poll_seconds)
+        self.repository = repository
         # What start-up allocated lives as long as the process: keep the collector off it, so
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
         gc.freeze()
         logger.info(
-            "ready: %d model version(s) from %s, %d batching",
-            len(self.repository.all()),
-            settings.model_repository,
-            len(self.batchers),
+            "ready: %d model version(s) from %s, model control mode %s",
+            len(repository.all()),
+            root,
+            settings.model_control_mode,
         )
-
-    async def _inline_limit(self, model: Model, largest: int) -> int:
-        """The largest batch of ``model`` that runs on the event loop: one whose run, timed
-        here, takes at most ``GELU_INLINE_MAX_US``. Handing a run of a few microseconds to a
-        thread costs more than the run; the loop blocks for at most the bound per run, and
-        larger batches, or dearer models, go to a thread."""
-        bound = self.settings.inline_max_us
-        if not bound or not self.settings.warmup_runs:
-            return 0
-        limit, cost = await anyio.to_thread.run_sync(
-            model.largest_batch_within, bound, max(largest, 1)
-        )
-        self._inline_batch[model.name, model.version] = limit
-        logger.info(
-            "%s/%s: batches up to %d run on the event loop (%s %.0f µs, bound %d µs)",
-            model.name,
-            model.version,
-            limit,
-            f"a batch of {limit} took" if limit else "one sample took",
-            cost,
-            bound,
-        )
-        return limit
 
     async def stop(self) -> None:
-        """Stop every batcher; what is still queued fails. The core is not ready after."""
+        """Stop polling; every version finishes its requests, then is released."""
         self._activations = None
-        for batcher in self.batchers.values():
-            await batcher.stop()
-        self.batchers.clear()
-        self._inline_batch.clear()
+        repository, self.repository = self.repository, None
+        if repository is not None:
+            await repository.stop()
 
     @property
     def ready(self) -> bool:
@@ -127,15 +119,22 @@ class DataPlane:
 
     # ---- models --------------------------------------------------------------------------------
 
+    def _repository(self) -> ModelRepository:
+        if self.repository is None or not self.ready:
+            raise NotReadyError("the service is not ready: its models are not loaded")
+        return self.repository
+
     def model_names(self) -> list[str]:
-        """Every model the repository holds."""
-        return list(self.repository.models)
+        """Every model with a version serving."""
+        return self._repository().names()
+
+    def knows_model(self, name: str) -> bool:
+        """Whether ``name`` is a model the repository serves or has tried to."""
+        return self.repository is not None and self.repository.knows(name)
 
     def model(self, name: str, version: str | None = None) -> Model:
-        """A loaded model version (default: the latest), or 404; 503 before start."""
-        if not self.ready:
-            raise NotReadyError("the service is not ready: its models are not loaded")
-        return self.repository.get(name, version)
+        """A serving model version (default: the latest), or 404; 503 before start."""
+        return self._repository().get(name, version).model
 
     def max_batch(self, model: Model) -> int:
         """The largest batch one request may carry for ``model``."""
@@ -143,30 +142,32 @@ class DataPlane:
 
     def model_info(self, name: str, version: str | None = None) -> ModelInfo:
         """Plain data about a model version, for the faces to describe it."""
-        model = self.model(name, version)
-        return self._infos[model.name, model.version]
+        info = self._repository().get(name, version).info
+        assert info is not None  # set when the version started serving
+        return info
 
-    def _describe(self, model: Model) -> ModelInfo:
-        meta, config = model.metadata, model.config
-        return ModelInfo(
-            name=model.name,
-            version=model.version,
-            versions=list(self.repository.models[model.name]),
-            platform=config.platform,
-            task=meta.task,
-            arch=meta.arch,
-            activation=meta.activation,
-            label_names=meta.label_names,
-            inputs=[TensorInfo(t.name, t.datatype, t.dims) for t in config.inputs],
-            outputs=[TensorInfo(t.name, t.datatype, t.dims) for t in config.outputs],
-            input_normalisation=meta.input_normalisation,
-            metrics=meta.metrics,
-            max_batch_size=self.max_batch(model),
-            providers=model.providers,
-            dynamic_batching=config.dynamic_batching,
-            max_queue_delay_us=config.max_queue_delay_us,
-            config_max_batch_size=config.max_batch_size,
-        )
+    # ---- model control (Triton's repository extension) ---------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model in the repository with its versions' states and reasons."""
+        return self._repository().index(ready_only)
+
+    async def load_model(self, name: str) -> None:
+        """Load or reload ``name`` (explicit mode only)."""
+        self._check_control()
+        try:
+            await self._repository().load(name)
+        except ModelLoadError as exc:
+            raise BadInputError(f"failed to load {name!r}: {exc}") from None
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name`` once its requests finish (explicit mode only)."""
+        self._check_control()
+        await self._repository().unload(name)
+
+    def _check_control(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise ControlForbiddenError(CONTROL_FORBIDDEN)
 
     # ---- inference -----------------------------------------------------------------------------
 
@@ -175,25 +176,27 @@ class DataPlane:
     ) -> InferenceResult:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
-        model = self.model(name, version)
-        inputs = self._check_inputs(model, request.inputs)
-        outputs = self._check_outputs(model, request)
-        names = [o.name for o in outputs]
-        key = model.name, model.version
-        batch = len(next(iter(inputs.values())))
-        inline = batch <= self._inline_batch.get(key, 0)
-        batcher = self.batchers.get(key)
-        if batcher is not None and inline is batcher.inline:
-            results = await batcher.infer(inputs, names)
-        else:
-            self.metrics.batch_size.labels(model.name).observe(batch)
-            if inline:
-                results = model.infer(inputs, names)  # bounded: see _inline_limit
+        served = self._repository().get(name, version)
+        with served.request():  # a version retired meanwhile finishes this request first
+            model = served.model
+            inputs = self._check_inputs(model, request.inputs)
+            outputs = self._check_outputs(model, request)
+            names = [o.name for o in outputs]
+            batch = len(next(iter(inputs.values())))
+            inline = batch <= served.inline_batch
+            batcher = served.batcher
+            if batcher is not None and inline is batcher.inline:
+                results = await batcher.infer(inputs, names)
             else:
-                # onnxruntime releases the GIL: the run proceeds beside the event loop.
-                results = await anyio.to_thread.run_sync(model.infer, inputs, names)
+                self.metrics.batch_size.labels(model.name).observe(batch)
+                if inline:
+                    results = model.infer(inputs, names)  # bounded: see ModelRepository
+                else:
+                    # onnxruntime releases the GIL: the run proceeds beside the event loop.
+                    results = await anyio.to_thread.run_sync(model.infer, inputs, names)
+        assert served.info is not None
         return InferenceResult(
-            model=self._infos[model.name, model.version],
+            model=served.info,
             outputs={n: results[n] for n in names},
             binary={o.name: o.binary for o in outputs},
             inputs=inputs,

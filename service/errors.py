@@ -42,3 +42,8 @@ class NotReadyError(ServiceError):
 
 class StartupError(RuntimeError):
     """The service cannot start as configured (bad repository, provider refused)."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model or version that cannot be served (unreadable config, corrupt or mismatched
+    ONNX file, a refused provider); the message names it and says why."""

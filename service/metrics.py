@@ -56,6 +56,11 @@ class Metrics:
             ["model"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
 
+        self.load_failures = Counter(
+            "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
+            ["model"], registry=registry,
+        )  # fmt: skip
+
     def exposition(self) -> bytes:
         """The text format, aggregated over processes in multiprocess mode."""
         if self.multiprocess:

@@ -26,7 +26,7 @@ from contract.model_config import (
     load_model_config,
 )
 from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
-from service.errors import NotFoundError, StartupError
+from service.errors import ModelLoadError
 
 logger = logging.getLogger("gelu_serve")
 
@@ -57,7 +57,7 @@ class SessionFactory:
 
     def create(self, source: str | bytes, label: str) -> tuple[ort.InferenceSession, list[str]]:
         """An InferenceSession for ``source`` (a path or serialized model) and the providers it
-        really uses; ``StartupError`` if it cannot load, or falls back under ``strict``."""
+        really uses; ``ModelLoadError`` if it cannot load, or falls back under ``strict``."""
         try:
             with warnings.catch_warnings():
                 # onnxruntime warns of a missing provider; the message below says it better.
@@ -67,11 +67,11 @@ class SessionFactory:
                 )
         except Exception as exc:  # onnxruntime raises its own exception types
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StartupError(f"{label}: onnxruntime cannot load it: {reason}") from None
+            raise ModelLoadError(f"{label}: onnxruntime cannot load it: {reason}") from None
         in_use = session.get_providers()
         missing = [p for p in self.providers if p not in in_use]
         if missing and self.strict:
-            raise StartupError(
+            raise ModelLoadError(
                 f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
                 f"(onnxruntime offers {', '.join(ort.get_available_providers())}); refusing to "
                 "start (GELU_STRICT_PROVIDERS=true)"
@@ -161,97 +161,77 @@ class Model:
             got = {a.name: (ONNX_TO_V2.get(a.type, a.type), tuple(a.shape[1:])) for a in actual}
             want = {d.name: (d.datatype, d.dims) for d in declared}
             if set(got) != set(want):
-                raise StartupError(
+                raise ModelLoadError(
                     f"{label}: {kind}s in model.onnx {sorted(got)} != config.pbtxt {sorted(want)}"
                 )
             for name, (datatype, dims) in want.items():
                 if got[name][0] != datatype or got[name][1] != dims:
-                    raise StartupError(
+                    raise ModelLoadError(
                         f"{label}: {kind} {name!r} is {got[name][0]} {list(got[name][1])} in "
                         f"model.onnx but {datatype} {list(dims)} in config.pbtxt"
                     )
 
 
-class ModelRepository:
-    """Every version of every model under one repository root."""
+def model_names(root: Path) -> list[str]:
+    """The models a repository holds: its directories (export's ``.staging`` ones aside)."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    def __init__(self, models: dict[str, dict[str, Model]]) -> None:
-        self.models = models
 
-    @classmethod
-    def load(
-        cls,
-        root: Path,
-        sessions: SessionFactory,
-        warmup_runs: int,
-    ) -> ModelRepository:
-        """Load, check and warm every model; ``StartupError`` says what is wrong."""
-        if not root.is_dir():
-            raise StartupError(
-                f"model repository {root} does not exist; build the defaults with `make models` "
-                "or point GELU_MODEL_REPOSITORY at one"
-            )
-        models: dict[str, dict[str, Model]] = {}
-        for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            if model_dir.name.startswith("."):
-                continue  # export's staging directories
-            versions = cls._load_model(model_dir, sessions, warmup_runs)
-            if versions:
-                models[model_dir.name] = versions
-        if not models:
-            logger.warning("model repository %s holds no models", root)
-        return cls(models)
+def read_config(model_dir: Path) -> ModelConfig:
+    """A model's ``config.pbtxt``, checked against its directory; ``ModelLoadError`` if not."""
+    config_path = model_dir / CONFIG_FILENAME
+    try:
+        config = load_model_config(config_path.read_text())
+    except (OSError, ConfigParseError) as exc:
+        raise ModelLoadError(f"{config_path}: {exc}") from None
+    if config.name != model_dir.name:
+        raise ModelLoadError(f"{config_path}: name {config.name!r} != directory name")
+    if config.platform != PLATFORM:
+        raise ModelLoadError(f"{config_path}: platform {config.platform!r} is not served")
+    return config
 
-    @staticmethod
-    def _load_model(
-        model_dir: Path,
-        sessions: SessionFactory,
-        warmup_runs: int,
-    ) -> dict[str, Model]:
-        config_path = model_dir / CONFIG_FILENAME
-        try:
-            config = load_model_config(config_path.read_text())
-        except (OSError, ConfigParseError) as exc:
-            raise StartupError(f"{config_path}: {exc}") from None
-        if config.name != model_dir.name:
-            raise StartupError(f"{config_path}: name {config.name!r} != directory name")
-        if config.platform != PLATFORM:
-            raise StartupError(f"{config_path}: platform {config.platform!r} is not served")
-        versions: dict[str, Model] = {}
-        for version_dir in sorted(
-            (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
-            key=lambda p: int(p.name),
-        ):
-            label = f"{model_dir.name}/{version_dir.name}"
-            session, in_use = sessions.create(str(version_dir / MODEL_FILENAME), label)
-            try:
-                meta = ModelMetadata.from_props(session.get_modelmeta().custom_metadata_map)
-            except ValueError as exc:
-                raise StartupError(f"{label}: unreadable metadata_props: {exc}") from None
-            model = Model(model_dir.name, version_dir.name, config, session, in_use, meta)
-            model.check_against_config()
-            model.warm_up(warmup_runs)
-            versions[version_dir.name] = model
-            logger.info("loaded %s on %s", label, ", ".join(in_use))
-        return versions
 
-    def get(self, name: str, version: str | None = None) -> Model:
-        """A model by name and version (default: its highest version)."""
-        versions = self.models.get(name)
-        if versions is None:
-            raise NotFoundError(f"unknown model {name!r}; available: {', '.join(self.models)}")
-        if version is None:
-            return versions[self.latest(name)]
-        if version not in versions:
-            raise NotFoundError(
-                f"unknown version {version!r} of model {name!r}; available: {', '.join(versions)}"
-            )
-        return versions[version]
+_skipped: set[Path] = set()  # version directories already warned about
 
-    def latest(self, name: str) -> str:
-        """The highest version of ``name``."""
-        return max(self.models[name], key=int)
 
-    def all(self) -> list[Model]:
-        """Every loaded model version."""
-        return [m for versions in self.models.values() for m in versions.values()]
+def version_dirs(model_dir: Path) -> dict[int, Path]:
+    """A model's version directories by number. As Triton, a version is a positive integer;
+    any other directory is skipped with a warning (once)."""
+    versions: dict[int, Path] = {}
+    for path in model_dir.iterdir():
+        if not path.is_dir():
+            continue
+        if path.name.isascii() and path.name.isdigit() and int(path.name) > 0:
+            versions[int(path.name)] = path
+        elif path not in _skipped:
+            _skipped.add(path)
+            logger.warning("%s: not a version (a positive integer): skipped", path)
+    return versions
+
+
+def signature(model_dir: Path, version: int) -> tuple[int, ...]:
+    """What changes when a version's files change: size and modification time of its
+    ``model.onnx`` and of the model's ``config.pbtxt``."""
+    stats = [
+        (model_dir / CONFIG_FILENAME).stat(),
+        (model_dir / str(version) / MODEL_FILENAME).stat(),
+    ]
+    return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
+
+
+def load_version(
+    model_dir: Path, version: int, config: ModelConfig, sessions: SessionFactory, warmup_runs: int
+) -> Model:
+    """One version loaded, checked against ``config`` and warmed; ``ModelLoadError`` if not.
+    Blocks: call it off the event loop."""
+    label = f"{model_dir.name}/{version}"
+    session, in_use = sessions.create(str(model_dir / str(version) / MODEL_FILENAME), label)
+    try:
+        meta = ModelMetadata.from_props(session.get_modelmeta().custom_metadata_map)
+    except ValueError as exc:
+        raise ModelLoadError(f"{label}: unreadable metadata_props: {exc}") from None
+    model = Model(model_dir.name, str(version), config, session, in_use, meta)
+    model.check_against_config()
+    model.warm_up(warmup_runs)
+    logger.info("loaded %s on %s", label, ", ".join(in_use))
+    return model

@@ -87,6 +87,25 @@ class Settings(BaseSettings):
         description="How long a batch waits for more requests, in microseconds, for every "
         "model; unset uses each config.pbtxt max_queue_delay_microseconds.",
     )
+    model_control_mode: Literal["none", "poll", "explicit"] = Field(
+        "none",
+        description="As Triton's --model-control-mode: none loads every model at start and "
+        "never changes them; poll also re-scans the repository every "
+        "GELU_REPOSITORY_POLL_SECONDS; explicit loads GELU_LOAD_MODELS at start, then only "
+        "the repository API loads and unloads.",
+    )
+    repository_poll_seconds: float = Field(
+        15.0, gt=0, description="Seconds between repository scans in poll mode."
+    )
+    load_models: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="Explicit mode: the models to load at start, comma-separated; * for all.",
+    )
+    exit_on_error: bool = Field(
+        True,
+        description="As Triton's --exit-on-error: refuse to start when a model fails to load; "
+        "false starts with the models that load and reports the rest unavailable.",
+    )
     warmup_runs: int = Field(
         2, ge=0, description="Inference runs per model at start-up, before readiness turns true."
     )
@@ -112,6 +131,13 @@ class Settings(BaseSettings):
     @classmethod
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("load_models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("providers", mode="before")
     @classmethod

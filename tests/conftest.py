@@ -68,7 +68,7 @@ def settings_factory(model_repository: Path):
     from service.settings import Settings
 
     def make(**overrides: Any) -> Settings:
-        return Settings(model_repository=model_repository, warmup_runs=1, **overrides)
+        return Settings(**{"model_repository": model_repository, "warmup_runs": 1, **overrides})
 
     return make
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from service.runtime import Model
 
 # Real digits, scaled as the models expect (pixel / 16).
 DIGITS: np.ndarray = np.random.default_rng(0).random((300, 64), dtype=np.float32)
@@ -26,3 +32,19 @@ def assert_error(response, status: int, needle: str) -> None:
     body = response.json()
     assert list(body) == ["error"], body
     assert needle in body["error"], body["error"]
+
+
+def load_model(repository: Path, name: str, version: int | None = None, warmup: int = 1) -> Model:
+    """One version of a repository's model (default: the highest), loaded on the CPU."""
+    from service.runtime import (
+        SessionFactory,
+        load_version,
+        read_config,
+        session_options,
+        version_dirs,
+    )
+
+    sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
+    model_dir = repository / name
+    chosen = version or max(version_dirs(model_dir))
+    return load_version(model_dir, chosen, read_config(model_dir), sessions, warmup)

@@ -103,6 +103,33 @@ def test_metrics_add_up_across_worker_processes(trained_repository: Path) -> Non
     assert float(line.rsplit(" ", 1)[1]) == 200.0, line
 
 
+def test_tritonclient_model_control(trained_repository: Path, server: int) -> None:
+    """Index, load, unload and readiness through tritonclient in explicit mode; none mode
+    refuses load and unload as Triton does."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    plain = httpclient.InferenceServerClient(f"127.0.0.1:{server}")
+    with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
+        plain.load_model("digits-mlp")
+    os.environ["GELU_MODEL_CONTROL_MODE"] = "explicit"
+    os.environ["GELU_LOAD_MODELS"] = "digits-mlp"
+    try:
+        with serving(trained_repository) as port:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+            index = {(e["name"], e.get("state")) for e in client.get_model_repository_index()}
+            assert ("digits-mlp", "READY") in index and ("digits-autoencoder", None) in index
+            assert not client.is_model_ready("digits-autoencoder")
+            client.load_model("digits-autoencoder")
+            assert client.is_model_ready("digits-autoencoder")
+            client.unload_model("digits-mlp")
+            assert not client.is_model_ready("digits-mlp")
+            ready = client.get_model_repository_index()
+            assert {e["name"] for e in ready if e.get("state") == "READY"} == {"digits-autoencoder"}
+    finally:
+        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_LOAD_MODELS"]
+
+
 def test_tritonclient_json_and_binary(server: int) -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException

@@ -104,10 +104,10 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
     ):
         app.add_exception_handler(exc_class, handle_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=plane.metrics)
+    app.add_middleware(MetricsMiddleware, metrics=plane.metrics, known=plane.knows_model)
     # The routers are included without a prefix: their routes' paths are the app's.
     direct = [*v1.router.routes, *v2.router.routes]
-    app.direct_routes = DirectRoutes(direct, plane.metrics, settings.max_body_bytes)
+    app.direct_routes = DirectRoutes(direct, plane, settings.max_body_bytes)
     # The router handles the lifespan scope; an instance attribute replaces its method there.
     app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]
     return app

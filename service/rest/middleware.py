@@ -124,9 +124,10 @@ def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
 class MetricsMiddleware:
     """Counts, times and tracks in-flight requests by route template and model (pure ASGI)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, known: Callable[[str], bool]) -> None:
         self.app = app
         self.metrics = metrics
+        self.known = known  # only a model the repository holds becomes a label value
         # labels() takes a lock and builds a key on each call; keep each label set's children.
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
 
@@ -167,7 +168,7 @@ class MetricsMiddleware:
             self.metrics.in_flight.dec()
             route = scope.get("route")
             endpoint = getattr(route, "path", "unmatched")
-            # A 404's name is the client's string: keep it out of the label set.
-            path_params = scope.get("path_params", {}) if route and status != 404 else {}
-            model = path_params.get("name", "")
+            # A client's string never becomes a label: only the repository's model names.
+            name = scope.get("path_params", {}).get("name", "") if route else ""
+            model = name if name and self.known(name) else ""
             self._observe(endpoint, model, status, time.perf_counter() - start)

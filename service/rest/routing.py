@@ -23,7 +23,6 @@ from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, get_route_path
 
 from service.dataplane import DataPlane
-from service.metrics import Metrics
 from service.rest.middleware import (
     ASGIApp,
     BodyLimitMiddleware,
@@ -57,12 +56,12 @@ class DirectRoutes:
     and body-limit middleware, with the app's one error handler.
     """
 
-    def __init__(self, routes: list[BaseRoute], metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(self, routes: list[BaseRoute], plane: DataPlane, max_body_bytes: int) -> None:
         self._routes: list[tuple[re.Pattern[str], set[str], DirectRoute]] = [
             (r.path_regex, r.methods or set(), r) for r in routes if isinstance(r, DirectRoute)
         ]
         self._app: ASGIApp = MetricsMiddleware(
-            BodyLimitMiddleware(self._serve, max_body_bytes), metrics
+            BodyLimitMiddleware(self._serve, max_body_bytes), plane.metrics, plane.knows_model
         )
 
     def match(self, scope: Scope) -> bool:

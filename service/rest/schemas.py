@@ -96,6 +96,17 @@ class ReadyResponse(BaseModel):
     ready: bool
 
 
+class RepositoryIndexRequest(BaseModel):
+    ready: bool = Field(False, description="only the versions that are ready")
+
+
+class RepositoryIndexEntry(BaseModel):
+    name: str
+    version: str | None = None
+    state: str | None = Field(None, description="READY or UNAVAILABLE")
+    reason: str | None = Field(None, description="why a version is unavailable")
+
+
 class ModelReadyResponse(BaseModel):
     name: str
     ready: bool

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
+from service.errors import BadInputError
 from service.rest.routing import add_model_route, get_plane
 from service.rest.schemas import (
     InferenceRequest,
@@ -13,6 +14,8 @@ from service.rest.schemas import (
     ModelMetadata,
     ModelReadyResponse,
     ReadyResponse,
+    RepositoryIndexEntry,
+    RepositoryIndexRequest,
     ServerMetadata,
     request_body,
     responses,
@@ -21,7 +24,7 @@ from service.rest.schemas import (
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
 SERVER_NAME = "gelu-serve"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -134,3 +137,45 @@ add_model_route(
     responses=responses(404, 503),
 )
 add_model_route(router, "/v2/models/{name}/config", model_config, responses=responses(404, 503))
+
+
+# ---- Triton's model repository extension ------------------------------------------------------
+
+
+@router.post(
+    "/v2/repository/index",
+    response_model=list[RepositoryIndexEntry],
+    responses=responses(400, 503),
+    openapi_extra=request_body(RepositoryIndexRequest),
+    tags=["Model repository (Triton)"],
+)
+async def repository_index(request: Request) -> Response:
+    """Every model in the repository, each version's state and the reason it is unavailable."""
+    body = await request.body()
+    payload = codecs.loads(body) if body.strip() else {}
+    if not isinstance(payload, dict) or not isinstance(payload.get("ready", False), bool):
+        raise BadInputError('body must be a JSON object {"ready": true|false}')
+    return _json(get_plane(request).repository_index(payload.get("ready", False)))
+
+
+@router.post(
+    "/v2/repository/models/{name}/load",
+    responses=responses(400, 404, 503),
+    tags=["Model repository (Triton)"],
+)
+async def load_model(name: str, request: Request) -> Response:
+    """Load or reload a model from the repository (explicit mode): its new or changed versions
+    load and warm up before they take requests; those they replace finish theirs first."""
+    await get_plane(request).load_model(name)
+    return _json({})
+
+
+@router.post(
+    "/v2/repository/models/{name}/unload",
+    responses=responses(404, 503),
+    tags=["Model repository (Triton)"],
+)
+async def unload_model(name: str, request: Request) -> Response:
+    """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
+    await get_plane(request).unload_model(name)
+    return _json({})

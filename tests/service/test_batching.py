@@ -11,15 +11,13 @@ import pytest
 
 from service.batching import PROBE_EVERY, Batcher
 from service.metrics import Metrics
-from service.runtime import Model, ModelRepository, SessionFactory, session_options
-from tests.helpers import DIGITS
+from service.runtime import Model
+from tests.helpers import DIGITS, load_model
 
 
 @pytest.fixture(scope="module")
 def model(model_repository: Path) -> Model:
-    sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
-    repository = ModelRepository.load(model_repository, sessions, 1)
-    return repository.get("digits-mlp")
+    return load_model(model_repository, "digits-mlp")
 
 
 class Recorder:

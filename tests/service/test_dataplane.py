@@ -134,7 +134,7 @@ async def test_cheap_batches_run_on_the_loop_and_larger_ones_on_a_thread(
     await core.start()
     try:
         loop_thread = threading.get_ident()
-        batcher = core.batchers.get(("digits-mlp", "2"))
+        batcher = core.repository.get("digits-mlp", "2").batcher
         assert (batcher is not None) is batching
         if batcher is not None:
             assert batcher.inline and batcher.max_batch_size == 4
@@ -152,7 +152,7 @@ async def test_inline_bound_zero_runs_everything_on_threads(settings_factory) ->
     core = DataPlane(settings_factory(inline_max_us=0))
     await core.start()
     try:
-        assert not any(b.inline for b in core.batchers.values())
+        assert not any(s.batcher and s.batcher.inline for s in core.repository.all())
         result = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:2])]))
         assert result.outputs["logits"].shape == (2, 10)
     finally:

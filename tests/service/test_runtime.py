@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from service.errors import StartupError
 from service.rest.app import create_app
 from service.settings import Settings
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, load_model
 
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -112,10 +112,7 @@ def test_openapi_documents_every_route(client) -> None:
 
 
 def test_largest_batch_within_a_budget(model_repository: Path) -> None:
-    from service.runtime import ModelRepository, SessionFactory, session_options
-
-    sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
-    model = ModelRepository.load(model_repository, sessions, 0).get("digits-mlp")
+    model = load_model(model_repository, "digits-mlp", warmup=0)
     assert model.largest_batch_within(1e9, 300)[0] == 300  # powers of two, then the largest
     limit, cost = model.largest_batch_within(0, 300)
     assert limit == 0 and cost > 0  # not even one sample fits: the time of one is reported

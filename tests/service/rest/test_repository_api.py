@@ -1,0 +1,66 @@
+"""Triton's model repository extension over HTTP: index, load, unload."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.dataplane import CONTROL_FORBIDDEN
+from service.rest.app import create_app
+from tests.helpers import DIGITS, assert_error
+
+PREDICT = "/v1/models/{}:predict"
+
+
+def predict(client: TestClient, model: str) -> int:
+    body = {"instances": DIGITS[:1].tolist()}
+    return client.post(PREDICT.format(model), json=body).status_code
+
+
+def test_index_lists_every_version_with_its_state(client) -> None:
+    index = client.post("/v2/repository/index").json()
+    assert {"name": "digits-mlp", "version": "2", "state": "READY", "reason": ""} in index
+    assert {e["name"] for e in index} == {"digits-autoencoder", "digits-mlp", "digits-mlp-tanh"}
+    assert client.post("/v2/repository/index", json={"ready": True}).json() == index
+    assert "model_repository" in client.get("/v2").json()["extensions"]
+    assert_error(client.post("/v2/repository/index", json={"ready": "yes"}), 400, "ready")
+    assert_error(client.post("/v2/repository/index", content=b"[1"), 400, "malformed JSON")
+
+
+def test_load_and_unload_are_forbidden_outside_explicit_mode(client) -> None:
+    for action in ("load", "unload"):
+        response = client.post(f"/v2/repository/models/digits-mlp/{action}")
+        assert_error(response, 503, CONTROL_FORBIDDEN)
+    assert predict(client, "digits-mlp") == 200
+
+
+@pytest.fixture
+def explicit(settings_factory):
+    settings = settings_factory(model_control_mode="explicit", load_models=["digits-mlp"])
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+def test_explicit_mode_over_http(explicit: TestClient) -> None:
+    assert predict(explicit, "digits-mlp-tanh") == 404
+    assert explicit.post("/v2/repository/models/digits-mlp-tanh/load").status_code == 200
+    assert predict(explicit, "digits-mlp-tanh") == 200
+    assert explicit.get("/v2/models/digits-mlp-tanh/ready").status_code == 200
+    assert explicit.post("/v2/repository/models/digits-mlp/unload").status_code == 200
+    assert predict(explicit, "digits-mlp") == 404
+    assert explicit.get("/v2/models/digits-mlp/ready").status_code == 404
+    assert_error(explicit.post("/v2/repository/models/nope/load"), 404, "no model 'nope'")
+    assert_error(explicit.post("/v2/repository/models/nope/unload"), 404, "no model 'nope'")
+    assert_error(explicit.post("/v2/repository/models/.staging/load"), 404, "no model")
+    ready = explicit.post("/v2/repository/index", json={"ready": True}).json()
+    assert {e["name"] for e in ready} == {"digits-mlp-tanh"}
+
+
+def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
+    for i in range(5):
+        client.post(f"/v2/repository/models/made-up-{i}/load")  # 503 in none mode
+        client.get(f"/v2/models/made-up-{i}/ready")  # 404
+        client.put(f"/v1/models/made-up-{i}:predict")  # 405
+    metrics = client.get("/metrics").text
+    assert "made-up" not in metrics
+    assert 'endpoint="/v2/repository/models/{name}/load",model=""' in metrics

@@ -1,0 +1,208 @@
+"""The live model repository: version policies, control modes, failures that leave the rest
+serving, swaps and unloads that lose no request, and polling."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.dataplane import CONTROL_FORBIDDEN, ControlForbiddenError, DataPlane
+from service.errors import BadInputError, NotFoundError, StartupError
+from service.inference import InferenceRequest, RequestInput
+from service.runtime import Model
+from tests.helpers import DIGITS
+from tests.onnx_models import write_model
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def repo(tmp_path: Path, model_repository: Path) -> Path:
+    """A private copy of the test repository, free to change."""
+    root = tmp_path / "repo"
+    shutil.copytree(model_repository, root)
+    return root
+
+
+def request(rows: int = 1) -> InferenceRequest:
+    return InferenceRequest([RequestInput(DIGITS[:rows], "input", "FP32")])
+
+
+def set_policy(repo: Path, name: str, policy: str) -> None:
+    config = repo / name / "config.pbtxt"
+    lines = [x for x in config.read_text().splitlines() if not x.startswith("version_policy")]
+    config.write_text("\n".join([*lines, policy]) + "\n")
+
+
+async def started(settings_factory, repo: Path, **overrides) -> DataPlane:
+    core = DataPlane(settings_factory(model_repository=repo, **overrides))
+    await core.start()
+    return core
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("", ["3"]),  # absent: Triton's default, the latest one
+        ("version_policy: { latest: { num_versions: 2 } }", ["2", "3"]),
+        ("version_policy: { all: { } }", ["1", "2", "3"]),
+        ("version_policy: { specific: { versions: [1, 3] } }", ["1", "3"]),
+    ],
+)
+async def test_version_policy(settings_factory, repo: Path, policy: str, served: list[str]) -> None:
+    shutil.copytree(repo / "digits-mlp" / "2", repo / "digits-mlp" / "3")
+    set_policy(repo, "digits-mlp", policy)
+    core = await started(settings_factory, repo)
+    try:
+        assert core.model_info("digits-mlp").versions == served
+        with pytest.raises(NotFoundError):
+            await core.infer("digits-mlp", "4", request())
+    finally:
+        await core.stop()
+
+
+async def test_odd_version_directories_are_skipped(settings_factory, repo: Path, caplog) -> None:
+    for odd in ("²", "0", "v3", "-1"):
+        (repo / "digits-mlp" / odd).mkdir()
+    core = await started(settings_factory, repo)
+    try:
+        assert core.model_info("digits-mlp").versions == ["1", "2"]
+        assert "digits-mlp/² : not a version".replace(" ", "") in caplog.text.replace(" ", "")
+    finally:
+        await core.stop()
+
+
+async def test_a_model_that_fails_to_load(settings_factory, repo: Path) -> None:
+    (repo / "digits-mlp-tanh" / "1" / "model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(StartupError, match="digits-mlp-tanh/1: onnxruntime cannot load it"):
+        await started(settings_factory, repo)
+    core = await started(settings_factory, repo, exit_on_error=False)
+    try:
+        assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp"]
+        (entry,) = [e for e in core.repository_index() if e["name"] == "digits-mlp-tanh"]
+        assert entry["state"] == "UNAVAILABLE" and "cannot load it" in entry["reason"]
+        ready = core.repository_index(ready_only=True)
+        assert {e["name"] for e in ready} == {"digits-autoencoder", "digits-mlp"}
+        text = core.metrics.exposition().decode()
+        assert 'gelu_model_load_failures_total{model="digits-mlp-tanh"} 1.0' in text
+    finally:
+        await core.stop()
+
+
+async def test_control_is_forbidden_outside_explicit_mode(settings_factory, repo: Path) -> None:
+    core = await started(settings_factory, repo)
+    try:
+        for action in (core.load_model, core.unload_model):
+            with pytest.raises(ControlForbiddenError, match=CONTROL_FORBIDDEN) as caught:
+                await action("digits-mlp")
+            assert caught.value.status_code == 503
+    finally:
+        await core.stop()
+
+
+async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> None:
+    core = await started(
+        settings_factory, repo, model_control_mode="explicit", load_models=["digits-mlp"]
+    )
+    try:
+        assert core.model_names() == ["digits-mlp"]
+        assert {"name": "digits-mlp-tanh"} in core.repository_index()  # never loaded
+        await core.load_model("digits-mlp-tanh")
+        assert (await core.infer("digits-mlp-tanh", None, request())).outputs["logits"].shape
+        await core.unload_model("digits-mlp")
+        with pytest.raises(NotFoundError):
+            await core.infer("digits-mlp", None, request())
+        states = [e for e in core.repository_index() if e["name"] == "digits-mlp"]
+        assert {(e["version"], e["state"], e["reason"]) for e in states} == {
+            ("1", "UNAVAILABLE", "unloaded"), ("2", "UNAVAILABLE", "unloaded")
+        }  # fmt: skip
+        await core.load_model("digits-mlp")  # and back
+        assert core.model_info("digits-mlp").versions == ["1", "2"]
+        with pytest.raises(NotFoundError, match="no model 'nope'"):
+            await core.load_model("nope")
+        (repo / "digits-autoencoder" / "config.pbtxt").write_text("name: ")
+        with pytest.raises(BadInputError, match="failed to load 'digits-autoencoder'"):
+            await core.load_model("digits-autoencoder")
+    finally:
+        await core.stop()
+
+
+async def test_unload_and_swap_finish_requests_in_flight(
+    settings_factory, repo: Path, monkeypatch
+) -> None:
+    """Requests already running on a version that is unloaded, or replaced by a new file,
+    all complete; the next request sees the change."""
+    real = Model.infer
+
+    def slow(self, inputs, outputs=None):
+        time.sleep(0.05)  # on a worker thread: long enough to be cut if the swap were abrupt
+        return real(self, inputs, outputs)
+
+    monkeypatch.setattr(Model, "infer", slow)
+    core = await started(
+        settings_factory, repo, model_control_mode="explicit", load_models=["*"], inline_max_us=0
+    )
+    try:
+        before = (await core.infer("digits-mlp", "2", request())).outputs["logits"]
+        flights = [asyncio.create_task(core.infer("digits-mlp", None, request())) for _ in range(8)]
+        await asyncio.sleep(0.01)
+        shutil.copy(repo / "digits-mlp" / "1" / "model.onnx", repo / "digits-mlp" / "2")
+        await core.load_model("digits-mlp")  # version 2's file changed: swapped
+        results = await asyncio.gather(*flights)
+        assert all(np.array_equal(r.outputs["logits"], before) for r in results)
+        after = (await core.infer("digits-mlp", "2", request())).outputs["logits"]
+        one = (await core.infer("digits-mlp", "1", request())).outputs["logits"]
+        np.testing.assert_array_equal(after, one)
+        flights = [asyncio.create_task(core.infer("digits-mlp", None, request())) for _ in range(8)]
+        await asyncio.sleep(0.01)
+        await core.unload_model("digits-mlp")
+        assert len(await asyncio.gather(*flights)) == 8
+    finally:
+        await core.stop()
+
+
+async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) -> None:
+    """A new version appears, a corrupt one leaves the old serving and is reported, a new
+    model appears and a removed one goes."""
+    core = await started(
+        settings_factory, repo, model_control_mode="poll", repository_poll_seconds=0.05
+    )
+
+    async def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    try:
+        shutil.copytree(repo / "digits-mlp" / "2", repo / "digits-mlp" / "3")
+        await until(lambda: core.model_info("digits-mlp").versions == ["1", "2", "3"], "v3")
+        (repo / "digits-mlp" / "4").mkdir()
+        (repo / "digits-mlp" / "4" / "model.onnx").write_bytes(b"half a file")
+        (repo / "digits-mlp" / "3" / "model.onnx").write_bytes(b"half a file")
+
+        def states() -> dict[str, tuple[str, str]]:
+            entries = [e for e in core.repository_index() if e["name"] == "digits-mlp"]
+            return {e["version"]: (e["state"], e["reason"]) for e in entries}
+
+        await until(lambda: "4" in states(), "the corrupt new version reported")
+        assert states()["4"][0] == "UNAVAILABLE" and "cannot load it" in states()["4"][1]
+        assert states()["3"][0] == "READY" and "new files failed to load" in states()["3"][1]
+        assert core.model_info("digits-mlp").versions == ["1", "2", "3"]  # the old v3 serves
+        assert (await core.infer("digits-mlp", "3", request())).outputs["logits"].shape == (1, 10)
+        write_model(repo, "digits-mlp-new", 1)
+        await until(lambda: "digits-mlp-new" in core.model_names(), "a new model")
+        shutil.rmtree(repo / "digits-autoencoder")
+        await until(lambda: "digits-autoencoder" not in core.model_names(), "a removed model")
+    finally:
+        await core.stop()
