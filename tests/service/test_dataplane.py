@@ -134,6 +134,7 @@ async def test_cheap_batches_run_on_the_loop_and_larger_ones_on_a_thread(
     await core.start()
     try:
         loop_thread = threading.get_ident()
+        assert core.repository is not None
         batcher = core.repository.get("digits-mlp", "2").batcher
         assert (batcher is not None) is batching
         if batcher is not None:
@@ -152,6 +153,7 @@ async def test_inline_bound_zero_runs_everything_on_threads(settings_factory) ->
     core = DataPlane(settings_factory(inline_max_us=0))
     await core.start()
     try:
+        assert core.repository is not None
         assert not any(s.batcher and s.batcher.inline for s in core.repository.all())
         result = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:2])]))
         assert result.outputs["logits"].shape == (2, 10)
