@@ -70,10 +70,12 @@ def write_model(
     approximate: str = "none",
     max_batch_size: int = 256,
     seed: int = 0,
+    hidden: int = 32,
 ) -> Path:
-    """One version of one model, with its config.pbtxt; returns the model.onnx path."""
+    """One version of one model, with its config.pbtxt; returns the model.onnx path. A large
+    ``hidden`` makes a classifier slow enough that cutting its requests short would show."""
     if task == CLASSIFICATION:
-        sizes, out_dims = [FEATURES, 32, 32, CLASSES], (CLASSES,)
+        sizes, out_dims = [FEATURES, hidden, hidden, CLASSES], (CLASSES,)
     else:
         sizes, out_dims = [FEATURES, 32, 8, 32, FEATURES], (FEATURES,)
     nodes, weights, outputs = _graph(sizes, approximate, task, seed + version)
