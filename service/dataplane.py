@@ -11,6 +11,7 @@ so every face gives the same answer to the same mistake.
 from __future__ import annotations
 
 import gc
+import hmac
 import logging
 
 import anyio.to_thread
@@ -25,6 +26,7 @@ from service.errors import (
     NotReadyError,
     PayloadTooLargeError,
     StartupError,
+    UnauthorizedError,
 )
 from service.inference import (
     InferenceRequest,
@@ -147,6 +149,18 @@ class DataPlane:
         return info
 
     # ---- model control (Triton's repository extension) ---------------------------------------
+
+    def authorize_control(self, authorization: str | None) -> None:
+        """401 unless ``authorization`` is ``Bearer <GELU_CONTROL_TOKEN>`` (when one is set)."""
+        token = self.settings.control_token
+        if token is None:
+            return
+        expected = f"Bearer {token.get_secret_value()}".encode()
+        if not hmac.compare_digest((authorization or "").encode(), expected):
+            raise UnauthorizedError(
+                "the repository API is restricted: send 'Authorization: Bearer <token>' "
+                "with the GELU_CONTROL_TOKEN"
+            )
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the repository with its versions' states and reasons."""

@@ -28,6 +28,12 @@ class NotFoundError(ServiceError):
     status_code = 404
 
 
+class UnauthorizedError(ServiceError):
+    """A restricted operation without the right credentials."""
+
+    status_code = 401
+
+
 class PayloadTooLargeError(ServiceError):
     """The body, batch or array is above a configured maximum."""
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Short names accepted in GELU_PROVIDERS, and the onnxruntime execution providers they mean.
@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     load_models: Annotated[list[str], NoDecode] = Field(
         [],
         description="Explicit mode: the models to load at start, comma-separated; * for all.",
+    )
+    control_token: SecretStr | None = Field(
+        None,
+        description="When set, the repository API (index, load, unload) needs the header "
+        "'Authorization: Bearer <token>' (401 without it), as Triton's --http-restricted-api; "
+        "unset, any client that reaches the port may load and unload models.",
     )
     exit_on_error: bool = Field(
         True,

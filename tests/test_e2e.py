@@ -231,6 +231,27 @@ def test_readme_commands_work_as_written(server: int, tmp_path: Path) -> None:
     assert (tmp_path / "y.f32").stat().st_size == 4_000_000
 
 
+def test_readme_model_control_commands_work_as_written(trained_repository: Path) -> None:
+    """The README's model lifecycle block, in order, against an explicit-mode server."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    commands = [line for line in block.splitlines() if line.startswith("curl ")]
+    assert len(commands) == 5
+    os.environ["GELU_MODEL_CONTROL_MODE"] = "explicit"
+    os.environ["GELU_LOAD_MODELS"] = "digits-mlp"
+    try:
+        with serving(trained_repository) as port:
+            for command in commands:
+                command = command.replace("localhost:8000", f"127.0.0.1:{port}")
+                result = subprocess.run(
+                    ["bash", "-c", command + " -sS --write-out '\\n%{http_code}'"],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert result.stdout.splitlines()[-1] == "200", (command, result.stdout[-300:])
+    finally:
+        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_LOAD_MODELS"]
+
+
 def test_readme_python_example_works_as_written(server: int) -> None:
     (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
     result = subprocess.run(

@@ -225,6 +225,7 @@ def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str,
 # ``ErrorResponse``. FastAPI's own 422 never happens here (see ``service.rest.openapi``).
 ERROR_DESCRIPTIONS = {
     400: "malformed or mismatched input, or an invalid query parameter",
+    401: "the repository API is restricted (GELU_CONTROL_TOKEN): no or a wrong bearer token",
     404: "unknown model, version or activation",
     413: "body, batch or array above the maximum",
     500: "internal error (a bug: please report it)",

@@ -145,37 +145,43 @@ add_model_route(router, "/v2/models/{name}/config", model_config, responses=resp
 @router.post(
     "/v2/repository/index",
     response_model=list[RepositoryIndexEntry],
-    responses=responses(400, 503),
+    responses=responses(400, 401, 503),
     openapi_extra=request_body(RepositoryIndexRequest),
     tags=["Model repository (Triton)"],
 )
 async def repository_index(request: Request) -> Response:
     """Every model in the repository, each version's state and the reason it is unavailable."""
+    plane = get_plane(request)
+    plane.authorize_control(request.headers.get("authorization"))
     body = await request.body()
     payload = codecs.loads(body) if body.strip() else {}
     if not isinstance(payload, dict) or not isinstance(payload.get("ready", False), bool):
         raise BadInputError('body must be a JSON object {"ready": true|false}')
-    return _json(get_plane(request).repository_index(payload.get("ready", False)))
+    return _json(plane.repository_index(payload.get("ready", False)))
 
 
 @router.post(
     "/v2/repository/models/{name}/load",
-    responses=responses(400, 404, 503),
+    responses=responses(400, 401, 404, 503),
     tags=["Model repository (Triton)"],
 )
 async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
-    await get_plane(request).load_model(name)
+    plane = get_plane(request)
+    plane.authorize_control(request.headers.get("authorization"))
+    await plane.load_model(name)
     return _json({})
 
 
 @router.post(
     "/v2/repository/models/{name}/unload",
-    responses=responses(404, 503),
+    responses=responses(401, 404, 503),
     tags=["Model repository (Triton)"],
 )
 async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
-    await get_plane(request).unload_model(name)
+    plane = get_plane(request)
+    plane.authorize_control(request.headers.get("authorization"))
+    await plane.unload_model(name)
     return _json({})

@@ -64,3 +64,19 @@ def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
     metrics = client.get("/metrics").text
     assert "made-up" not in metrics
     assert 'endpoint="/v2/repository/models/{name}/load",model=""' in metrics
+
+
+def test_the_repository_api_can_be_restricted(settings_factory) -> None:
+    settings = settings_factory(
+        model_control_mode="explicit", load_models=["*"], control_token="s3cret"
+    )
+    with TestClient(create_app(settings)) as restricted:
+        for path in ("/v2/repository/index", "/v2/repository/models/digits-mlp/unload"):
+            assert_error(restricted.post(path), 401, "GELU_CONTROL_TOKEN")
+            wrong = {"Authorization": "Bearer guess"}
+            assert_error(restricted.post(path, headers=wrong), 401, "restricted")
+        right = {"Authorization": "Bearer s3cret"}
+        assert restricted.post("/v2/repository/index", headers=right).status_code == 200
+        assert predict(restricted, "digits-mlp") == 200  # inference is not restricted
+        response = restricted.post("/v2/repository/models/digits-mlp/unload", headers=right)
+        assert response.status_code == 200 and predict(restricted, "digits-mlp") == 404
