@@ -33,6 +33,7 @@ import numpy as np
 
 from service.metrics import Metrics
 from service.runtime import Model
+from service.statistics import ModelStatistics
 
 Outputs = dict[str, np.ndarray]
 # Inline, after a batch of one request, only every PROBE_EVERY-th request yields the loop to
@@ -48,6 +49,13 @@ class _Request:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
+def timed_infer(model: Model, feed: dict[str, np.ndarray]) -> tuple[Outputs, int, int]:
+    """``model.infer(feed)``, when the run began and how long it took (ns)."""
+    began = time.perf_counter_ns()
+    results = model.infer(feed)
+    return results, began, time.perf_counter_ns() - began
+
+
 class Batcher:
     """One per model version: a queue, and runs on the event loop or on one worker thread."""
 
@@ -58,14 +66,17 @@ class Batcher:
         max_queue_delay_us: int,
         metrics: Metrics,
         inline: bool = False,
+        statistics: ModelStatistics | None = None,
     ) -> None:
         self.model = model
+        self.statistics = statistics or ModelStatistics()
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_us / 1e6
         self.inline = inline
         # Children looked up once: labels() takes a lock and builds a key on every call.
         self._queue_time = metrics.queue_time.labels(model.name)
         self._batch_size = metrics.batch_size.labels(model.name)
+        self._compute = metrics.compute.labels(model.name, model.version)
         self._pending: deque[_Request] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
@@ -140,21 +151,25 @@ class Batcher:
         """A batch of this one request, now, without queueing it."""
         self._alone += 1
         self._queue_time.observe(0.0)
+        self.statistics.queue.add(0)
         self._batch_size.observe(size)
-        return self.model.infer(inputs)
+        results, _, infer_ns = timed_infer(self.model, inputs)
+        self._record(size, 1, 0, infer_ns, 0)
+        return results
 
     def _run_inline(self) -> None:
         """One batch, on the loop; the rest of the queue waits for the next loop iteration."""
         batch = self._take([])
         if batch:
             self._alone = self._alone + 1 if len(batch) == 1 else 0
+            start = time.perf_counter_ns()
             feed = self._feed(batch)
             try:
-                results = self.model.infer(feed)
+                results, began, took = timed_infer(self.model, feed)
             except Exception as exc:
                 self._fail(batch, exc)
             else:
-                self._split(batch, results)
+                self._split_and_record(batch, results, began - start, took)
         if self._pending and self._scheduled is None and self._loop is not None:
             self._scheduled = self._loop.call_soon(self._run_scheduled)
 
@@ -173,13 +188,16 @@ class Batcher:
             batch = [r for r in await self._gather() if not r.future.done()]  # gone meanwhile
             if not batch:
                 continue
+            start = time.perf_counter_ns()
             feed = self._feed(batch)
             try:
-                results = await loop.run_in_executor(self._executor, self.model.infer, feed)
+                results, began, took = await loop.run_in_executor(
+                    self._executor, timed_infer, self.model, feed
+                )
             except Exception as exc:
                 self._fail(batch, exc)
             else:
-                self._split(batch, results)
+                self._split_and_record(batch, results, began - start, took)
 
     async def _gather(self) -> list[_Request]:
         """Take requests until the batch is full or its first request's delay is spent."""
@@ -215,11 +233,28 @@ class Batcher:
     def _size(batch: list[_Request]) -> int:
         return sum(r.size for r in batch)
 
+    def _split_and_record(
+        self, batch: list[_Request], results: Outputs, input_ns: int, infer_ns: int
+    ) -> None:
+        """Each request's share of ``results``; the run's three phases recorded."""
+        split = time.perf_counter_ns()
+        self._split(batch, results)
+        output_ns = time.perf_counter_ns() - split
+        self._record(self._size(batch), len(batch), input_ns, infer_ns, output_ns)
+
+    def _record(
+        self, samples: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        self.statistics.record_run(samples, requests, input_ns, infer_ns, output_ns)
+        self._compute.observe(infer_ns / 1e9)
+
     def _feed(self, batch: list[_Request]) -> dict[str, np.ndarray]:
         """The batch's inputs, concatenated; records queue times and the batch size."""
         started = time.perf_counter()
         for request in batch:
-            self._queue_time.observe(started - request.enqueued)
+            waited = started - request.enqueued
+            self._queue_time.observe(waited)
+            self.statistics.queue.add(int(waited * 1e9))
         self._batch_size.observe(self._size(batch))
         if len(batch) == 1:
             return batch[0].inputs

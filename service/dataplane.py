@@ -13,11 +13,13 @@ from __future__ import annotations
 import gc
 import hmac
 import logging
+import time
 
 import anyio.to_thread
 import numpy as np
 
 from service.activations import ACTIVATIONS, ActivationEvaluator
+from service.batching import timed_infer
 from service.codecs import cast
 from service.errors import (
     BadInputError,
@@ -150,6 +152,12 @@ class DataPlane:
 
     # ---- model control (Triton's repository extension) ---------------------------------------
 
+    def statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> list[dict[str, object]]:
+        """Triton's statistics: every serving version, one model's, or one version's."""
+        return self._repository().statistics(name, version)
+
     def authorize_control(self, authorization: str | None) -> None:
         """401 unless ``authorization`` is ``Bearer <GELU_CONTROL_TOKEN>`` (when one is set)."""
         token = self.settings.control_token
@@ -191,7 +199,9 @@ class DataPlane:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
         served = self._repository().get(name, version)
-        with served.request():  # a version retired meanwhile finishes this request first
+        statistics, began, ok = served.statistics, time.perf_counter_ns(), False
+        served.in_flight += 1  # a version retired meanwhile finishes this request first
+        try:
             model = served.model
             inputs = self._check_inputs(model, request.inputs)
             outputs = self._check_outputs(model, request)
@@ -203,11 +213,17 @@ class DataPlane:
                 results = await batcher.infer(inputs, names)
             else:
                 self.metrics.batch_size.labels(model.name).observe(batch)
-                if inline:
-                    results = model.infer(inputs, names)  # bounded: see ModelRepository
-                else:
-                    # onnxruntime releases the GIL: the run proceeds beside the event loop.
-                    results = await anyio.to_thread.run_sync(model.infer, inputs, names)
+                if inline:  # bounded: see ModelRepository
+                    results, _, took = timed_infer(model, inputs)
+                else:  # onnxruntime releases the GIL: the run proceeds beside the loop
+                    run = anyio.to_thread.run_sync
+                    results, _, took = await run(timed_infer, model, inputs)
+                statistics.record_run(batch, 1, 0, took, 0)
+                served.compute_seconds.observe(took / 1e9)
+            ok = True
+        finally:
+            served.finished()
+            statistics.record_request(ok, time.perf_counter_ns() - began)
         assert served.info is not None
         return InferenceResult(
             model=served.info,

@@ -16,6 +16,7 @@ from prometheus_client import (
 )
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+COMPUTE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -56,6 +57,10 @@ class Metrics:
             ["model"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
 
+        self.compute = Histogram(
+            "gelu_compute_seconds", "Time of one onnxruntime run of a model version",
+            ["model", "version"], buckets=COMPUTE_BUCKETS, registry=registry,
+        )  # fmt: skip
         self.load_failures = Counter(
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,

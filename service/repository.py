@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
@@ -38,6 +37,7 @@ from service.runtime import (
     version_dirs,
 )
 from service.settings import Settings
+from service.statistics import ModelStatistics
 
 logger = logging.getLogger("gelu_serve")
 
@@ -54,20 +54,18 @@ class Served:
     inline_batch: int  # the largest batch run on the event loop (0: always on a thread)
     signature: tuple[int, ...]
     info: ModelInfo | None = None
+    statistics: ModelStatistics = field(default_factory=ModelStatistics)
+    compute_seconds: Any = None  # its gelu_compute_seconds child, looked up once
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
-    @contextmanager
-    def request(self) -> Iterator[None]:
-        """Count a request from lookup to result, so a retired version can drain."""
-        self.in_flight += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-            if self.retired and not self.in_flight:
-                self.drained.set()
+    def finished(self) -> None:
+        """One request of this version is done (``in_flight`` was raised for it when it
+        arrived); a retired version that has no more can be released."""
+        self.in_flight -= 1
+        if self.retired and not self.in_flight:
+            self.drained.set()
 
 
 @dataclass(frozen=True)
@@ -120,6 +118,17 @@ class ModelRepository:
     def all(self) -> list[Served]:
         """Every serving version."""
         return [s for versions in self._serving.values() for s in versions.values()]
+
+    def statistics(self, name: str | None, version: str | None) -> list[dict[str, object]]:
+        """Triton's statistics of every serving version, of one model's, or of one version."""
+        if name is None:
+            chosen = self.all()
+        elif version is None:
+            self.get(name)  # 404 for an unknown model
+            chosen = list(self._serving[name].values())
+        else:
+            chosen = [self.get(name, version)]
+        return [s.statistics.to_triton(s.model.name, s.model.version) for s in chosen]
 
     def max_batch(self, model: Model) -> int:
         """The largest batch one request may carry for ``model``."""
@@ -303,15 +312,21 @@ class ModelRepository:
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
         batcher = None
+        statistics = ModelStatistics()
         if batching:
             delay = settings.max_queue_delay_us
             if delay is None:
                 delay = config.max_queue_delay_us or 0
             # Inline batches stay within the bound; a larger request runs on a thread.
             size = min(size, inline_batch) if inline_batch else size
-            batcher = Batcher(model, size, delay, self.metrics, inline=inline_batch > 0)
+            batcher = Batcher(
+                model, size, delay, self.metrics, inline=inline_batch > 0, statistics=statistics
+            )
             batcher.start()
-        return Served(model, batcher, inline_batch, files)
+        compute = self.metrics.compute.labels(model.name, model.version)
+        return Served(
+            model, batcher, inline_batch, files, statistics=statistics, compute_seconds=compute
+        )
 
     async def _inline_limit(self, model: Model, largest: int) -> int:
         """The largest batch of ``model`` that runs on the event loop: one whose run, timed

@@ -161,6 +161,10 @@ def test_tritonclient_json_and_binary(server: int) -> None:
     with pytest.raises(InferenceServerException, match="datatype 'FP64'"):
         client.infer("digits-mlp", [bad])
     assert client.is_server_ready()
+    (stats,) = client.get_inference_statistics("digits-mlp", "2")["model_stats"]
+    assert stats["inference_count"] >= 32 and stats["inference_stats"]["fail"]["count"] >= 1
+    every = client.get_inference_statistics()["model_stats"]
+    assert {(s["name"], s["version"]) for s in every} >= {("digits-mlp", "1"), ("digits-mlp", "2")}
 
 
 def test_raw_http_requests(server: int) -> None:

@@ -24,7 +24,7 @@ from service.rest.schemas import (
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
 SERVER_NAME = "gelu-serve"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -84,6 +84,18 @@ async def ready(request: Request) -> Response:
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
 
+@router.get("/v2/models/stats", responses=responses(503), tags=["V2 (Open Inference Protocol)"])
+async def all_statistics(request: Request) -> Response:
+    """Triton's statistics of every serving model version."""
+    return _json({"model_stats": get_plane(request).statistics()})
+
+
+async def model_statistics(request: Request, name: str, version: str | None = None) -> Response:
+    """Triton's statistics of a model's serving versions (or of one version): requests
+    succeeded and failed, queue and compute time, runs and samples, per batch size."""
+    return _json({"model_stats": get_plane(request).statistics(name, version)})
+
+
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
     """A model's versions, platform and tensors (one version's, when named)."""
     info = get_plane(request).model_info(name, version)
@@ -137,6 +149,7 @@ add_model_route(
     responses=responses(404, 503),
 )
 add_model_route(router, "/v2/models/{name}/config", model_config, responses=responses(404, 503))
+add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=responses(404, 503))
 
 
 # ---- Triton's model repository extension ------------------------------------------------------
