@@ -198,6 +198,9 @@ class ModelConfig:
     dynamic_batching: bool
     max_queue_delay_us: int | None
     version_policy: VersionPolicy = SERVE_ALL  # what export writes; a file without one: latest 1
+    # Fields present in the file that the service reads but does not act on (Triton's
+    # instance_group, model_warmup, parameters, ...): the service warns about each.
+    unhonoured: tuple[str, ...] = ()
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -255,6 +258,13 @@ def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
     return SERVE_ALL
 
 
+# The fields load_model_config interprets; any other is reported in ``unhonoured``.
+INTERPRETED = frozenset(
+    {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
+     "version_policy"}
+)  # fmt: skip
+
+
 def load_model_config(text: str) -> ModelConfig:
     """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong."""
     fields = parse_pbtxt(text)
@@ -269,4 +279,5 @@ def load_model_config(text: str) -> ModelConfig:
         dynamic_batching=bool(batching),
         max_queue_delay_us=int(delay) if delay >= 0 else None,
         version_policy=_version_policy(fields),
+        unhonoured=tuple(sorted(set(fields) - INTERPRETED)),
     )

@@ -226,6 +226,10 @@ class ModelRepository:
             self._fail(name, {v: str(exc) for v in current} or {"": str(exc)})
             raise
         self._loaded_scans[name] = (config, scan)
+        if config.unhonoured:
+            logger.warning(
+                "%s/config.pbtxt: %s read but not honoured", name, ", ".join(config.unhonoured)
+            )
         selected = config.version_policy.select(list(scan))
         kept: dict[str, Served] = {}
         failures: dict[str, str] = {}

@@ -206,3 +206,19 @@ async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) ->
         await until(lambda: "digits-autoencoder" not in core.model_names(), "a removed model")
     finally:
         await core.stop()
+
+
+async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Path, caplog) -> None:
+    config = repo / "digits-mlp" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        + 'parameters { key: "x" value: { string_value: "y" } }\n'
+    )
+    core = await started(settings_factory, repo)
+    try:
+        assert "digits-mlp/config.pbtxt: instance_group, parameters read but not honoured" in (
+            caplog.text
+        )
+    finally:
+        await core.stop()
