@@ -81,13 +81,12 @@ class DataPlane:
             names = settings.load_models
         for name in names:
             try:
-                await repository.load(name)
+                # Refusing to start, the refusal is the one line that says why.
+                await repository.load(name, log_failures=not settings.exit_on_error)
             except (ModelLoadError, NotFoundError) as exc:
                 if settings.exit_on_error:
                     await repository.stop()
-                    raise StartupError(
-                        f"{exc} (GELU_EXIT_ON_ERROR=false serves the rest)"
-                    ) from None
+                    raise StartupError(f"{exc} (GELU_EXIT_ON_ERROR=true)") from None
         try:
             self._activations = await anyio.to_thread.run_sync(ActivationEvaluator, sessions)
         except ModelLoadError as exc:

@@ -156,14 +156,15 @@ class ModelRepository:
 
     # ---- changes -----------------------------------------------------------------------------
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, log_failures: bool = True) -> None:
         """Load (or reload) ``name`` as its files and ``config.pbtxt`` say; the versions that
-        load serve, the rest keep what was serving. ``ModelLoadError`` names each failure."""
+        load serve, the rest keep what was serving. ``ModelLoadError`` names each failure
+        (logged too, unless the caller reports it itself)."""
         model_dir = self.root / name
         if name.startswith(".") or "/" in name or not model_dir.is_dir():
             raise NotFoundError(f"no model {name!r} in the repository {self.root}")
         async with self._lock:
-            await self._load(name, model_dir)
+            await self._load(name, model_dir, log_failures)
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of ``name``; each finishes its requests first."""
@@ -217,13 +218,13 @@ class ModelRepository:
 
     # ---- inside the lock ---------------------------------------------------------------------
 
-    async def _load(self, name: str, model_dir: Path) -> None:
+    async def _load(self, name: str, model_dir: Path, log_failures: bool = True) -> None:
         current = self._serving.get(name, {})
         try:
             config, scan = await anyio.to_thread.run_sync(self._scan_model, model_dir)
         except ModelLoadError as exc:
             self._loaded_scans[name] = (None, self._scan_files(model_dir))
-            self._fail(name, {v: str(exc) for v in current} or {"": str(exc)})
+            self._fail(name, {v: str(exc) for v in current} or {"": str(exc)}, log_failures)
             raise
         self._loaded_scans[name] = (config, scan)
         if config.unhonoured:
@@ -258,7 +259,7 @@ class ModelRepository:
                     kept[key] = old  # a broken new file leaves the old version serving
         self._swap(name, kept)
         if failures:
-            self._fail(name, failures)
+            self._fail(name, failures, log_failures)
             raise ModelLoadError("; ".join(failures.values()))
 
     def _unload(self, name: str) -> None:
@@ -283,14 +284,15 @@ class ModelRepository:
                 self._retire(served)
                 logger.info("%s/%s retired: finishing its requests", name, version)
 
-    def _fail(self, name: str, failures: dict[str, str]) -> None:
+    def _fail(self, name: str, failures: dict[str, str], log: bool = True) -> None:
         states = self._states.setdefault(name, {})
         for version, reason in failures.items():
             if version in self._serving.get(name, {}):  # the old files still serve
                 states[version] = VersionState(READY, f"new files failed to load: {reason}")
             elif version:
                 states[version] = VersionState(UNAVAILABLE, reason)
-            logger.error("cannot load %s: %s", f"{name}/{version}" if version else name, reason)
+            if log:
+                logger.error("load failed: %s", reason)
         self.metrics.load_failures.labels(name).inc(len(failures))
 
     def _retire(self, served: Served) -> None:
