@@ -201,6 +201,7 @@ class ModelConfig:
     # Fields present in the file that the service reads but does not act on (Triton's
     # instance_group, model_warmup, parameters, ...): the service warns about each.
     unhonoured: tuple[str, ...] = ()
+    instance_count: int = 1  # instance_group: runs of this model at once (counts summed)
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -240,6 +241,15 @@ def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
     return TensorConfig(str(_one(fields, "name")), TRITON_TO_V2[data_type], dims)
 
 
+def _instance_count(fields: dict[str, list[Any]]) -> int:
+    """Triton's ``instance_group``: the counts of every group summed (a group's default 1)."""
+    groups = fields.get("instance_group", [])
+    count = sum(int(_one(group, "count", 1)) for group in groups) if groups else 1
+    if count < 1:
+        raise ConfigParseError("instance_group: count must be at least 1")
+    return count
+
+
 def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
     policies = fields.get("version_policy")
     if not policies:
@@ -261,7 +271,7 @@ def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
 # The fields load_model_config interprets; any other is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-     "version_policy"}
+     "version_policy", "instance_group"}
 )  # fmt: skip
 
 
@@ -280,4 +290,5 @@ def load_model_config(text: str) -> ModelConfig:
         max_queue_delay_us=int(delay) if delay >= 0 else None,
         version_policy=_version_policy(fields),
         unhonoured=tuple(sorted(set(fields) - INTERPRETED)),
+        instance_count=_instance_count(fields),
     )

@@ -16,9 +16,11 @@ Where a batch runs depends on what it costs (``Model.run_cost_us``, measured at 
   that never comes. Handing a 10-40 µs run to a thread and
   waking the loop again costs more than the run itself; one inline run blocks the loop for at
   most the bound, and after each batch the loop serves I/O before the next.
-- **on a worker thread** otherwise: the gathering task hands each batch to the model's one
-  thread (onnxruntime releases the GIL, so the run proceeds beside the event loop), and while a
-  batch runs the next one gathers, so batches form under load even with a zero delay.
+- **on a worker thread** otherwise: the gathering task hands each batch to one of the model's
+  instances (``instance_group`` count in ``config.pbtxt``, default 1; each a worker thread on
+  the one onnxruntime session, whose ``run`` is thread-safe). onnxruntime releases the GIL, so
+  runs proceed beside the event loop, and while every instance is busy the next batch gathers,
+  so batches form under load even with a zero delay.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def timed_infer(model: Model, feed: dict[str, np.ndarray]) -> tuple[Outputs, int
 
 
 class Batcher:
-    """One per model version: a queue, and runs on the event loop or on one worker thread."""
+    """One per model version: a queue, and runs on the event loop or on worker threads."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class Batcher:
         metrics: Metrics,
         inline: bool = False,
         statistics: ModelStatistics | None = None,
+        instances: int = 1,
     ) -> None:
         self.model = model
         self.statistics = statistics or ModelStatistics()
@@ -85,20 +88,27 @@ class Batcher:
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
         self._wakeup = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
+        self.instances = instances  # batches running at once on worker threads
+        self._instances = asyncio.Semaphore(instances)
+        self._running: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Start batching; call from the running event loop."""
         self._loop = asyncio.get_running_loop()
         if not self.inline:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{self.model.name}")
+            self._executor = ThreadPoolExecutor(
+                self.instances, thread_name_prefix=f"batch-{self.model.name}"
+            )
             self._task = self._loop.create_task(self._gather_forever())
 
     async def stop(self) -> None:
-        """Stop batching, fail what is still queued, release the worker thread."""
+        """Stop batching: batches already running finish, what is still queued fails, the
+        worker threads are released."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*self._running, return_exceptions=True)  # batches already running
         if self._scheduled is not None:
             self._scheduled.cancel()
         while self._pending:
@@ -180,14 +190,24 @@ class Batcher:
     # ---- on a worker thread --------------------------------------------------------------------
 
     async def _gather_forever(self) -> None:
+        """Gather a batch whenever one of the model's instances is free, and run it there."""
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            await self._instances.acquire()
             batch = [r for r in await self._gather() if not r.future.done()]  # gone meanwhile
             if not batch:
+                self._instances.release()
                 continue
+            run = loop.create_task(self._run_on_thread(batch))
+            self._running.add(run)
+            run.add_done_callback(self._running.discard)
+
+    async def _run_on_thread(self, batch: list[_Request]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
             start = time.perf_counter_ns()
             feed = self._feed(batch)
             try:
@@ -198,6 +218,8 @@ class Batcher:
                 self._fail(batch, exc)
             else:
                 self._split_and_record(batch, results, began - start, took)
+        finally:
+            self._instances.release()
 
     async def _gather(self) -> list[_Request]:
         """Take requests until the batch is full or its first request's delay is spent."""

@@ -326,7 +326,13 @@ class ModelRepository:
             # Inline batches stay within the bound; a larger request runs on a thread.
             size = min(size, inline_batch) if inline_batch else size
             batcher = Batcher(
-                model, size, delay, self.metrics, inline=inline_batch > 0, statistics=statistics
+                model,
+                size,
+                delay,
+                self.metrics,
+                inline=inline_batch > 0,
+                statistics=statistics,
+                instances=config.instance_count,
             )
             batcher.start()
         compute = self.metrics.compute.labels(model.name, model.version)

@@ -43,3 +43,24 @@ def test_config_parser_handles_triton_syntax() -> None:
     for bad in ('name: "x', "input [ { name: 1 ", "{", 'name: "x" input { data_type: TYPE_X }'):
         with pytest.raises(ConfigParseError):
             load_model_config(bad)
+
+
+def test_version_policy_and_instance_group() -> None:
+    base = 'name: "m"\n'
+    assert load_model_config(base).version_policy.select([1, 2, 3]) == [3]  # Triton's default
+    policies = {
+        "version_policy: { latest: { num_versions: 2 } }": [2, 3],
+        "version_policy: { all: { } }": [1, 2, 3],
+        "version_policy { specific { versions: [1, 3] } }": [1, 3],
+    }
+    for text, served in policies.items():
+        config = load_model_config(base + text)
+        assert config.version_policy.select([1, 2, 3]) == served
+        assert load_model_config(config.to_pbtxt()).version_policy == config.version_policy
+    groups = "instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_CPU } ]"
+    assert load_model_config(base + groups).instance_count == 3
+    assert load_model_config(base).instance_count == 1
+    for bad in ("version_policy: { newest: { } }", "instance_group [ { count: 0 } ]",
+                "version_policy: { latest: { num_versions: 0 } }"):  # fmt: skip
+        with pytest.raises(ConfigParseError):
+            load_model_config(base + bad)

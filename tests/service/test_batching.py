@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +192,32 @@ def test_batching_through_the_app(settings_factory) -> None:
             assert ('gelu_batch_queue_seconds_count{model="digits-mlp"}' in metrics) is batching
             assert 'gelu_batch_size_count{model="digits-mlp"} 1.0' in metrics
     np.testing.assert_allclose(answers[0], answers[1], rtol=1e-6)
+
+
+def test_instances_run_batches_at_once(model, monkeypatch) -> None:
+    """With instance_group count 2, two batches run on worker threads at the same time."""
+    running, overlap = [0], [0]
+    real = model.infer
+    lock = threading.Lock()
+
+    def infer(inputs, outputs=None):
+        with lock:
+            running[0] += 1
+            overlap[0] = max(overlap[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(model, "infer", infer)
+
+    async def scenario(instances: int) -> None:
+        batcher = Batcher(model, 1, 0, Metrics(), instances=instances)
+        batcher.start()
+        await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(4)))
+        await batcher.stop()
+
+    for instances, expected in ((1, 1), (2, 2)):
+        overlap[0] = 0
+        run(scenario(instances))
+        assert overlap[0] == expected

@@ -214,11 +214,15 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
         config.read_text()
         + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         + 'parameters { key: "x" value: { string_value: "y" } }\n'
+        + 'model_warmup [ { name: "w" batch_size: 1 } ]\n'
     )
-    core = await started(settings_factory, repo)
+    core = await started(settings_factory, repo, inline_max_us=0)
     try:
-        assert "digits-mlp/config.pbtxt: instance_group, parameters read but not honoured" in (
+        assert "digits-mlp/config.pbtxt: model_warmup, parameters read but not honoured" in (
             caplog.text
         )
+        assert core.repository is not None
+        batcher = core.repository.get("digits-mlp").batcher
+        assert batcher is not None and batcher.instances == 2
     finally:
         await core.stop()
