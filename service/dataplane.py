@@ -1,11 +1,13 @@
 """The serving core: built, started and stopped with no web framework.
 
-``DataPlane(settings)`` owns the model repository's sessions, the batchers, the activation
-evaluator and the metrics. ``await start()`` loads, checks and warms every model version and
-builds the activation graphs; ``await stop()`` drains the batchers. Every face (the FastAPI
-app, a Ray Serve replica, the tests) builds one and translates its protocol to the calls here:
-``infer``, ``activate``, ``model_info``. Requests are checked against the model here, once,
-so every face gives the same answer to the same mistake.
+``DataPlane(settings)`` owns the live model repository (``service.repository``: sessions,
+batchers, statistics), the activation evaluator and the metrics. ``await start()`` loads what
+the model control mode names and builds the activation graphs; ``await stop()`` lets every
+version finish its requests. Every face (the FastAPI app, a Ray Serve replica, the tests)
+builds one and translates its protocol to the calls here: ``infer``, ``activate``,
+``model_info``, ``statistics``, ``repository_index``, ``load_model``, ``unload_model``.
+Requests are checked against the model here, once, so every face gives the same answer to the
+same mistake.
 """
 
 from __future__ import annotations
@@ -139,10 +141,6 @@ class DataPlane:
         """A serving model version (default: the latest), or 404; 503 before start."""
         return self._repository().get(name, version).model
 
-    def max_batch(self, model: Model) -> int:
-        """The largest batch one request may carry for ``model``."""
-        return self.settings.max_request_batch or model.config.max_batch_size
-
     def model_info(self, name: str, version: str | None = None) -> ModelInfo:
         """Plain data about a model version, for the faces to describe it."""
         info = self._repository().get(name, version).info
@@ -268,7 +266,7 @@ class DataPlane:
                     f"[-1, {', '.join(map(str, config.dims))}] (each instance must have shape "
                     f"{list(config.dims)})"
                 )
-            maximum = self.max_batch(model)
+            maximum = self._repository().max_batch(model)
             if maximum and len(array) > maximum:
                 raise PayloadTooLargeError(
                     f"batch of {len(array)} is above the maximum of {maximum}"
