@@ -241,6 +241,47 @@ def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
     return TensorConfig(str(_one(fields, "name")), TRITON_TO_V2[data_type], dims)
 
 
+def derive_model_config(
+    name: str,
+    inputs: list[tuple[str, str, list[Any]]],
+    outputs: list[tuple[str, str, list[Any]]],
+    default_max_batch_size: int,
+) -> ModelConfig:
+    """The ``config.pbtxt`` Triton's ONNX backend would complete from the model itself.
+
+    ``inputs`` and ``outputs`` are (name, ONNX type such as ``tensor(float)``, shape) with
+    symbolic dimensions as strings or None. When every tensor's first dimension is symbolic it
+    is taken as the batch axis (``max_batch_size: default_max_batch_size``, dynamic batching
+    on); otherwise the model has none (``max_batch_size: 0``, dims as declared). Other symbolic
+    dimensions become -1. ``ConfigParseError`` for a type the service cannot serve.
+    """
+
+    def batch_axis(shape: list[Any]) -> bool:
+        return len(shape) >= 1 and not isinstance(shape[0], int)
+
+    batching = all(batch_axis(shape) for _, _, shape in [*inputs, *outputs])
+
+    def tensor(spec: tuple[str, str, list[Any]]) -> TensorConfig:
+        tensor_name, onnx_type, shape = spec
+        if onnx_type not in ONNX_TO_V2:
+            raise ConfigParseError(f"{tensor_name}: unsupported type {onnx_type}")
+        dims = shape[1:] if batching else shape
+        return TensorConfig(
+            tensor_name, ONNX_TO_V2[onnx_type], tuple(d if isinstance(d, int) else -1 for d in dims)
+        )
+
+    return ModelConfig(
+        name=name,
+        platform=PLATFORM,
+        max_batch_size=default_max_batch_size if batching else 0,
+        inputs=tuple(tensor(t) for t in inputs),
+        outputs=tuple(tensor(t) for t in outputs),
+        dynamic_batching=batching,
+        max_queue_delay_us=0 if batching else None,
+        version_policy=VersionPolicy(),
+    )
+
+
 def _instance_count(fields: dict[str, list[Any]]) -> int:
     """Triton's ``instance_group``: the counts of every group summed (a group's default 1)."""
     groups = fields.get("instance_group", [])

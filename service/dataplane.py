@@ -41,7 +41,7 @@ from service.inference import (
 )
 from service.metrics import Metrics
 from service.repository import ModelRepository
-from service.runtime import Model, SessionFactory, model_names, session_options
+from service.runtime import Model, SessionFactory, dims_match, model_names, session_options
 from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
@@ -203,7 +203,7 @@ class DataPlane:
             inputs = self._check_inputs(model, request.inputs)
             outputs = self._check_outputs(model, request)
             names = [o.name for o in outputs]
-            batch = len(next(iter(inputs.values())))
+            batch = len(next(iter(inputs.values()))) if model.config.max_batch_size else 1
             inline = batch <= served.inline_batch
             batcher = served.batcher
             if batcher is not None and inline is batcher.inline:
@@ -233,6 +233,7 @@ class DataPlane:
     def _check_inputs(self, model: Model, given: list[RequestInput]) -> dict[str, np.ndarray]:
         """Names, datatypes, shapes, batch sizes and limits against the model."""
         declared = model.input_configs
+        batched = model.config.max_batch_size > 0
         inputs: dict[str, np.ndarray] = {}
         for tensor in given:
             if tensor.name is None:  # V1: the model's only input
@@ -258,9 +259,19 @@ class DataPlane:
             what = tensor.describe()
             if config.name in inputs:
                 raise BadInputError(f"{what} appears twice")
+            if not batched:  # max_batch_size 0: the shape is the model's, whole
+                if not dims_match(array.shape, config.dims):
+                    raise BadInputError(
+                        f"{what}: shape {list(array.shape)} does not match the model's "
+                        f"{list(config.dims)} (it has no batch axis)"
+                    )
+                inputs[config.name] = array
+                continue
             if array.ndim >= 1 and len(array) == 0:
                 raise BadInputError("empty batch: send at least one instance")
-            if array.ndim == 0 or array.shape[1:] != config.dims:
+            if array.ndim == 0 or (
+                array.shape[1:] != config.dims and not dims_match(array.shape[1:], config.dims)
+            ):
                 raise BadInputError(
                     f"{what}: shape {list(array.shape)} does not match the model's "
                     f"[-1, {', '.join(map(str, config.dims))}] (each instance must have shape "
@@ -275,7 +286,7 @@ class DataPlane:
         missing = [n for n in declared if n not in inputs]
         if missing:
             raise BadInputError(f"missing input(s) {missing} for model {model.name!r}")
-        if len({len(a) for a in inputs.values()}) > 1:
+        if batched and len({len(a) for a in inputs.values()}) > 1:
             raise BadInputError("inputs have different batch sizes")
         return inputs
 

@@ -23,6 +23,7 @@ from typing import Any
 import anyio.to_thread
 
 from contract.model_config import ModelConfig
+from contract.names import CONFIG_FILENAME
 from service.batching import Batcher
 from service.errors import ModelLoadError, NotFoundError
 from service.inference import ModelInfo, TensorInfo
@@ -30,6 +31,7 @@ from service.metrics import Metrics
 from service.runtime import (
     Model,
     SessionFactory,
+    config_completer,
     load_version,
     model_names,
     read_config,
@@ -90,6 +92,12 @@ class ModelRepository:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
+        # Without config.pbtxt (unless strict), a model's config is derived from its ONNX file.
+        self._complete = (
+            None
+            if settings.strict_model_config
+            else config_completer(sessions, settings.default_max_batch_size)
+        )
 
     # ---- lookups -----------------------------------------------------------------------------
 
@@ -221,12 +229,15 @@ class ModelRepository:
     async def _load(self, name: str, model_dir: Path, log_failures: bool = True) -> None:
         current = self._serving.get(name, {})
         try:
-            config, scan = await anyio.to_thread.run_sync(self._scan_model, model_dir)
+            written, scan = await anyio.to_thread.run_sync(self._scan_model, model_dir)
+            config = written
+            if config is None:
+                config = await anyio.to_thread.run_sync(self._derive, model_dir)
         except ModelLoadError as exc:
             self._loaded_scans[name] = (None, self._scan_files(model_dir))
             self._fail(name, {v: str(exc) for v in current} or {"": str(exc)}, log_failures)
             raise
-        self._loaded_scans[name] = (config, scan)
+        self._loaded_scans[name] = (written, scan)  # as a poll's scan will see it
         if config.unhonoured:
             logger.warning(
                 "%s/config.pbtxt: %s read but not honoured", name, ", ".join(config.unhonoured)
@@ -314,7 +325,7 @@ class ModelRepository:
         settings, config = self.settings, model.config
         for provider in model.providers:
             self.metrics.providers.labels(model.name, model.version, provider).set(1)
-        batching = settings.batching and config.dynamic_batching
+        batching = settings.batching and config.dynamic_batching and config.max_batch_size > 0
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
         batcher = None
@@ -386,8 +397,16 @@ class ModelRepository:
 
     # ---- scanning (off the loop) -------------------------------------------------------------
 
-    def _scan_model(self, model_dir: Path) -> tuple[ModelConfig, Scan]:
+    def _scan_model(self, model_dir: Path) -> tuple[ModelConfig | None, Scan]:
+        """The model's written config (None when it has none and one may be derived) and
+        its versions' files."""
+        if self._complete is not None and not (model_dir / CONFIG_FILENAME).exists():
+            return None, self._scan_files(model_dir)
         return read_config(model_dir), self._scan_files(model_dir)
+
+    def _derive(self, model_dir: Path) -> ModelConfig:
+        assert self._complete is not None
+        return read_config(model_dir, self._complete)
 
     @staticmethod
     def _scan_files(model_dir: Path) -> Scan:

@@ -11,8 +11,10 @@ import logging
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -23,6 +25,7 @@ from contract.model_config import (
     ConfigParseError,
     ModelConfig,
     TensorConfig,
+    derive_model_config,
     load_model_config,
 )
 from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
@@ -122,15 +125,23 @@ class Model:
         results = self.session.run(names, inputs)
         return dict(zip(names, results, strict=True))
 
+    def example_feed(self, batch: int) -> dict[str, np.ndarray]:
+        """Zeros of every input for a batch of ``batch`` (a model without a batch axis,
+        ``max_batch_size: 0``, takes its dims as they are); -1 dims are given 1."""
+        lead = (batch,) if self.config.max_batch_size else ()
+        return {
+            t.name: np.zeros((*lead, *(d if d >= 0 else 1 for d in t.dims)), t.numpy_dtype)
+            for t in self.inputs
+        }
+
     def warm_up(self, runs: int) -> None:
         """Run a few batches through the session so the first client pays no set-up cost."""
         for batch in (1, 8, 1, 8)[:runs]:
-            feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
-            self.infer(feed)
+            self.infer(self.example_feed(batch))
 
     def time_run(self, batch: int, runs: int = 5) -> float:
         """The median time of one run on a batch of ``batch`` zeros, in microseconds."""
-        feed = {t.name: np.zeros((batch, *t.dims), t.numpy_dtype) for t in self.inputs}
+        feed = self.example_feed(batch)
         times = []
         for _ in range(runs):
             start = time.perf_counter()
@@ -140,8 +151,11 @@ class Model:
 
     def largest_batch_within(self, budget_us: float, largest: int) -> tuple[int, float]:
         """The largest power-of-two batch up to ``largest`` (or ``largest`` itself) whose run
-        takes at most ``budget_us``, timed here, with its time; (0, time of one) if none."""
+        takes at most ``budget_us``, timed here, with its time; (0, time of one) if none. A
+        model without a batch axis runs one request at a time: 1 or 0."""
         batch, within, cost = 1, 0, 0.0
+        if not self.config.max_batch_size:
+            largest = 1
         while True:
             took = self.time_run(batch)
             if took > budget_us:
@@ -158,18 +172,32 @@ class Model:
             ("input", self.config.inputs, self.session.get_inputs()),
             ("output", self.config.outputs, self.session.get_outputs()),
         ):
-            got = {a.name: (ONNX_TO_V2.get(a.type, a.type), tuple(a.shape[1:])) for a in actual}
+            skip = 1 if self.config.max_batch_size else 0  # the batch axis
+            got = {
+                a.name: (
+                    ONNX_TO_V2.get(a.type, a.type),
+                    tuple(d if isinstance(d, int) else -1 for d in a.shape[skip:]),
+                )
+                for a in actual
+            }
             want = {d.name: (d.datatype, d.dims) for d in declared}
             if set(got) != set(want):
                 raise ModelLoadError(
                     f"{label}: {kind}s in model.onnx {sorted(got)} != config.pbtxt {sorted(want)}"
                 )
             for name, (datatype, dims) in want.items():
-                if got[name][0] != datatype or got[name][1] != dims:
+                if got[name][0] != datatype or not dims_match(got[name][1], dims):
                     raise ModelLoadError(
                         f"{label}: {kind} {name!r} is {got[name][0]} {list(got[name][1])} in "
                         f"model.onnx but {datatype} {list(dims)} in config.pbtxt"
                     )
+
+
+def dims_match(actual: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+    """Shapes agree: same rank, and equal wherever both are known (-1: any size)."""
+    return len(actual) == len(declared) and all(
+        a == d or a == -1 or d == -1 for a, d in zip(actual, declared, strict=True)
+    )
 
 
 def model_names(root: Path) -> list[str]:
@@ -177,10 +205,15 @@ def model_names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    """A model's ``config.pbtxt``, checked against its directory; ``ModelLoadError`` if not."""
+def read_config(
+    model_dir: Path, complete: Callable[[Path], ModelConfig] | None = None
+) -> ModelConfig:
+    """A model's ``config.pbtxt``, checked against its directory; ``ModelLoadError`` if not.
+    Without the file, ``complete`` (when given) derives one from the model itself."""
     config_path = model_dir / CONFIG_FILENAME
     try:
+        if complete is not None and not config_path.exists():
+            return complete(model_dir)
         config = load_model_config(config_path.read_text())
     except (OSError, ConfigParseError) as exc:
         raise ModelLoadError(f"{config_path}: {exc}") from None
@@ -211,12 +244,38 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
 
 def signature(model_dir: Path, version: int) -> tuple[int, ...]:
     """What changes when a version's files change: size and modification time of its
-    ``model.onnx`` and of the model's ``config.pbtxt``."""
-    stats = [
-        (model_dir / CONFIG_FILENAME).stat(),
-        (model_dir / str(version) / MODEL_FILENAME).stat(),
-    ]
+    ``model.onnx`` and of the model's ``config.pbtxt`` (when it has one)."""
+    config = model_dir / CONFIG_FILENAME
+    paths = [config] if config.exists() else []
+    stats = [p.stat() for p in [*paths, model_dir / str(version) / MODEL_FILENAME]]
     return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
+
+
+def config_completer(
+    sessions: SessionFactory, default_max_batch_size: int
+) -> Callable[[Path], ModelConfig]:
+    """What derives a model's config from its highest version's ONNX file, as Triton's
+    auto-complete does (see ``contract.model_config.derive_model_config``)."""
+
+    def specs(tensors: list[Any]) -> list[tuple[str, str, list[Any]]]:
+        return [(t.name, t.type, list(t.shape)) for t in tensors]
+
+    def complete(model_dir: Path) -> ModelConfig:
+        versions = version_dirs(model_dir)
+        if not versions:
+            raise ModelLoadError(f"{model_dir}: no config.pbtxt, and no version to derive it from")
+        path = versions[max(versions)] / MODEL_FILENAME
+        session, _ = sessions.create(str(path), f"{model_dir.name}/{max(versions)}")
+        config = derive_model_config(
+            model_dir.name,
+            specs(session.get_inputs()),
+            specs(session.get_outputs()),
+            default_max_batch_size,
+        )
+        logger.info("%s: no config.pbtxt; derived from %s", model_dir.name, path)
+        return config
+
+    return complete
 
 
 def load_version(

@@ -107,6 +107,17 @@ class Settings(BaseSettings):
         "'Authorization: Bearer <token>' (401 without it), as Triton's --http-restricted-api; "
         "unset, any client that reaches the port may load and unload models.",
     )
+    strict_model_config: bool = Field(
+        False,
+        description="As Triton's --strict-model-config: true needs a config.pbtxt for every "
+        "model; false derives a missing one from the highest version's ONNX file.",
+    )
+    default_max_batch_size: int = Field(
+        4,
+        ge=1,
+        description="max_batch_size of a derived config when the model has a batch axis (its "
+        "first dimension symbolic in every tensor), as Triton's default-max-batch-size.",
+    )
     exit_on_error: bool = Field(
         True,
         description="As Triton's --exit-on-error: refuse to start when a model fails to load; "

@@ -226,3 +226,45 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
         assert batcher is not None and batcher.instances == 2
     finally:
         await core.stop()
+
+
+def write_foreign(repo: Path, name: str, shape: list, op: str) -> None:
+    """An ONNX file not exported by this project: no config.pbtxt, no metadata_props."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], name, [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+
+
+async def test_any_onnx_file_without_config_or_batch_axis(settings_factory, repo: Path) -> None:
+    """As Triton's auto-complete: a fixed shape means no batch axis (max_batch_size 0, dims
+    as declared); a symbolic first dimension is the batch axis, other symbolic dims -1."""
+    write_foreign(repo, "fixed", [2, 3], "Relu")
+    write_foreign(repo, "dynamic", ["N", "L"], "Relu")
+    core = await started(settings_factory, repo)
+    try:
+        fixed, dynamic = core.model_info("fixed"), core.model_info("dynamic")
+        assert fixed.config_max_batch_size == 0 and fixed.inputs[0].dims == (2, 3)
+        assert dynamic.config_max_batch_size == 4 and dynamic.inputs[0].dims == (-1,)
+        x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+        result = await core.infer("fixed", None, InferenceRequest([RequestInput(x, "x", "FP32")]))
+        np.testing.assert_array_equal(result.outputs["y"], np.maximum(x, 0))
+        with pytest.raises(BadInputError, match=r"shape \[1, 3\] does not match the model's "
+                           r"\[2, 3\] \(it has no batch axis\)"):  # fmt: skip
+            await core.infer("fixed", None, InferenceRequest([RequestInput(x[:1], "x", "FP32")]))
+        for shape in ((3, 5), (1, 7)):
+            z = np.ones(shape, np.float32)
+            result = await core.infer("dynamic", None, InferenceRequest([RequestInput(z)]))
+            assert result.outputs["y"].shape == shape
+        stats = core.statistics("fixed")[0]
+        assert stats["inference_count"] == 1 and stats["execution_count"] == 1
+    finally:
+        await core.stop()
+    with pytest.raises(StartupError, match=r"config\.pbtxt"):
+        await started(settings_factory, repo, strict_model_config=True)

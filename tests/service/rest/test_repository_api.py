@@ -80,3 +80,25 @@ def test_the_repository_api_can_be_restricted(settings_factory) -> None:
         assert predict(restricted, "digits-mlp") == 200  # inference is not restricted
         response = restricted.post("/v2/repository/models/digits-mlp/unload", headers=right)
         assert response.status_code == 200 and predict(restricted, "digits-mlp") == 404
+
+
+def test_a_foreign_onnx_file_over_http(settings_factory, tmp_path, model_repository) -> None:
+    """No config.pbtxt, no metadata, no batch axis: listed, described and served."""
+    import shutil
+
+    from tests.service.test_repository import write_foreign
+
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository, repo)
+    write_foreign(repo, "fixed", [2, 3], "Relu")
+    with TestClient(create_app(settings_factory(model_repository=repo))) as http:
+        assert "fixed" in {m["name"] for m in http.get("/v1/models").json()["models"]}
+        config = http.get("/v2/models/fixed/config").json()
+        assert config["max_batch_size"] == 0 and config["input"][0]["dims"] == [2, 3]
+        body = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                            "data": [-1, 2, -3, 4, -5, 6]}]}  # fmt: skip
+        response = http.post("/v2/models/fixed/infer", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [0, 2, 0, 4, 0, 6]
+        body["inputs"][0]["shape"] = [3, 2]
+        assert_error(http.post("/v2/models/fixed/infer", json=body), 400, "no batch axis")
