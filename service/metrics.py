@@ -29,16 +29,16 @@ class Metrics:
         self.multiprocess = multiprocess
         registry = self.registry
         self.requests = Counter(
-            "gelu_requests", "HTTP requests answered", ["endpoint", "model", "code"],
+            "gelu_requests", "HTTP requests answered", ["endpoint", "model", "version", "code"],
             registry=registry,
         )  # fmt: skip
         self.failures = Counter(
             "gelu_request_failures", "HTTP requests answered with 4xx or 5xx",
-            ["endpoint", "model", "code"], registry=registry,
+            ["endpoint", "model", "version", "code"], registry=registry,
         )  # fmt: skip
         self.latency = Histogram(
             "gelu_request_duration_seconds", "Time from request to response",
-            ["endpoint", "model"], buckets=LATENCY_BUCKETS, registry=registry,
+            ["endpoint", "model", "version"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
         self.in_flight = Gauge(
             "gelu_requests_in_flight", "HTTP requests being handled", registry=registry,

@@ -98,6 +98,9 @@ def until(condition, what: str, seconds: float = 30) -> None:
 
 
 def test_poll_mode_new_versions_and_replaced_files_under_load(repo: Path) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
     os.environ["GELU_MODEL_CONTROL_MODE"] = "poll"
     os.environ["GELU_REPOSITORY_POLL_SECONDS"] = "0.3"
     try:
@@ -110,6 +113,12 @@ def test_poll_mode_new_versions_and_replaced_files_under_load(repo: Path) -> Non
                 shutil.copy(source, repo / "digits-mlp" / "2" / "model.onnx")
                 time.sleep(1.2)  # two scans agree, then the reload
                 os.utime(source)
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")  # unmodified
+            assert client.is_model_ready(BIG, "4")
+            index = client.get_model_repository_index()
+            assert {e.get("version") for e in index if e["name"] == BIG} == {"1", "2", "3", "4"}
+            with pytest.raises(InferenceServerException, match="not allowed if polling"):
+                client.unload_model(BIG)
     finally:
         del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_REPOSITORY_POLL_SECONDS"]
     assert load.errors == [] and set(load.statuses) == {200}, (load.statuses, load.errors[:3])

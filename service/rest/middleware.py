@@ -18,6 +18,8 @@ from service.errors import PayloadTooLargeError, ServiceError, StartupError
 from service.metrics import Metrics
 
 logger = logging.getLogger("gelu_serve")
+# Where an endpoint records, in the request's scope, the model version that served it.
+SERVED_VERSION = "gelu.served_version"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -129,17 +131,19 @@ class MetricsMiddleware:
         self.metrics = metrics
         self.known = known  # only a model the repository holds becomes a label value
         # labels() takes a lock and builds a key on each call; keep each label set's children.
-        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
+        self._children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
 
-    def _observe(self, endpoint: str, model: str, status: int, seconds: float) -> None:
-        key = (endpoint, model, status)
+    def _observe(
+        self, endpoint: str, model: str, version: str, status: int, seconds: float
+    ) -> None:
+        key = (endpoint, model, version, status)
         children = self._children.get(key)
         if children is None:
             metrics, code = self.metrics, str(status)
             children = (
-                metrics.requests.labels(endpoint, model, code),
-                metrics.failures.labels(endpoint, model, code) if status >= 400 else None,
-                metrics.latency.labels(endpoint, model),
+                metrics.requests.labels(endpoint, model, version, code),
+                metrics.failures.labels(endpoint, model, version, code) if status >= 400 else None,
+                metrics.latency.labels(endpoint, model, version),
             )
             self._children[key] = children
         requests, failures, latency = children
@@ -171,4 +175,6 @@ class MetricsMiddleware:
             # A client's string never becomes a label: only the repository's model names.
             name = scope.get("path_params", {}).get("name", "") if route else ""
             model = name if name and self.known(name) else ""
-            self._observe(endpoint, model, status, time.perf_counter() - start)
+            # The version that served it, as the endpoint recorded (a repository's version).
+            version = scope.get(SERVED_VERSION, "") if model else ""
+            self._observe(endpoint, model, version, status, time.perf_counter() - start)

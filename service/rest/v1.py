@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from service import codecs
 from service.inference import ModelInfo
+from service.rest.middleware import SERVED_VERSION
 from service.rest.routing import add_model_route, get_plane
 from service.rest.schemas import (
     ModelList,
@@ -23,6 +24,7 @@ router = APIRouter(tags=["V1 (KServe style)"])
 async def predict(request: Request, name: str, version: str | None = None) -> Response:
     """Predict with the model (its latest version unless one is named)."""
     result = await get_plane(request).infer(name, version, codecs.decode_v1(await request.body()))
+    request.scope[SERVED_VERSION] = result.model.version
     return Response(codecs.encode_v1(result), media_type=codecs.JSON)
 
 

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
 from service.errors import BadInputError
+from service.rest.middleware import SERVED_VERSION
 from service.rest.routing import add_model_route, get_plane
 from service.rest.schemas import (
     InferenceRequest,
@@ -44,6 +45,7 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     binary tensors."""
     body, header_length = await request.body(), request.headers.get(codecs.HEADER_LENGTH)
     result = await get_plane(request).infer(name, version, codecs.decode_v2(body, header_length))
+    request.scope[SERVED_VERSION] = result.model.version
     content, headers = codecs.encode_v2(result)
     return Response(content, headers=headers)
 

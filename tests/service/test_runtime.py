@@ -89,7 +89,10 @@ def test_metrics_count_requests_latency_and_batches(client) -> None:
     client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:3].tolist()})
     client.post("/v1/models/digits-mlp:predict", json={"instances": []})
     text = client.get("/metrics").text
-    ok = 'gelu_requests_total{code="200",endpoint="/v1/models/{name}:predict",model="digits-mlp"}'
+    ok = (
+        'gelu_requests_total{code="200",endpoint="/v1/models/{name}:predict",model="digits-mlp",'
+        'version="2"}'
+    )  # the version that served it
     assert ok in text
     assert 'gelu_request_failures_total{code="400",endpoint="/v1/models/{name}:predict"' in text
     assert 'gelu_request_duration_seconds_bucket{endpoint="/v1/models/{name}:predict"' in text

@@ -169,6 +169,7 @@ def test_direct_routes_answer_other_methods_and_failures_in_the_one_shape(client
     assert 'code="500",endpoint="/v1/models/{name}:predict",model="digits-mlp"' in metrics
     versioned = client.post("/v2/models/digits-mlp/versions/1/infer", json=v2_body())
     assert versioned.status_code == 200
-    assert 'endpoint="/v2/models/{name}/versions/{version}/infer",model="digits-mlp"' in (
-        client.get("/metrics").text
+    assert (
+        'endpoint="/v2/models/{name}/versions/{version}/infer",model="digits-mlp",version="1"'
+        in (client.get("/metrics").text)
     )
