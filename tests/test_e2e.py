@@ -122,6 +122,11 @@ def test_tritonclient_model_control(trained_repository: Path, server: int) -> No
             assert not client.is_model_ready("digits-autoencoder")
             client.load_model("digits-autoencoder")
             assert client.is_model_ready("digits-autoencoder")
+            tensor = httpclient.InferInput("input", [2, 64], "FP32")
+            tensor.set_data_from_numpy(DIGITS[:2])
+            client.infer("digits-autoencoder", [tensor])
+            (stats,) = client.get_inference_statistics("digits-autoencoder")["model_stats"]
+            assert stats["inference_count"] == 2 and stats["execution_count"] == 1
             client.unload_model("digits-mlp")
             assert not client.is_model_ready("digits-mlp")
             ready = client.get_model_repository_index()

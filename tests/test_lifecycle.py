@@ -115,6 +115,8 @@ def test_poll_mode_new_versions_and_replaced_files_under_load(repo: Path) -> Non
                 os.utime(source)
             client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")  # unmodified
             assert client.is_model_ready(BIG, "4")
+            served = client.get_inference_statistics(BIG)["model_stats"]
+            assert sum(s["inference_stats"]["success"]["count"] for s in served) > 0
             index = client.get_model_repository_index()
             assert {e.get("version") for e in index if e["name"] == BIG} == {"1", "2", "3", "4"}
             with pytest.raises(InferenceServerException, match="not allowed if polling"):
