@@ -6,16 +6,17 @@ and the outputs split back in order. A request whose client has gone (its future
 dropped before the run and never disturbs the others; when a run fails, every request in it gets
 the error.
 
-Where a batch runs depends on what it costs (``Model.run_cost_us``, measured at warm-up):
+Where a batch runs depends on what it costs, timed when the version starts serving
+(``Model.largest_batch_within``, in ``service.repository``):
 
 - **inline**, on the event loop, for batches that cost no more than the service's inline bound
   (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
   queue delay), then runs the batch: it holds every request parsed in between, which under
   load is most of the connections with data ready. When batches have held one request in a
   row, only every ``PROBE_EVERY``-th request yields, so a lone client does not wait for company
-  that never comes. Handing a 10-40 µs run to a thread and
-  waking the loop again costs more than the run itself; one inline run blocks the loop for at
-  most the bound, and after each batch the loop serves I/O before the next.
+  that never comes. Handing a 10-40 µs run to a thread and waking the loop again costs more
+  than the run itself; one inline run blocks the loop for at most the bound, and after each
+  batch the loop serves I/O before the next.
 - **on a worker thread** otherwise: the gathering task hands each batch to one of the model's
   instances (``instance_group`` count in ``config.pbtxt``, default 1; each a worker thread on
   the one onnxruntime session, whose ``run`` is thread-safe). onnxruntime releases the GIL, so

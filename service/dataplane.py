@@ -209,7 +209,7 @@ class DataPlane:
             if batcher is not None and inline is batcher.inline:
                 results = await batcher.infer(inputs, names)
             else:
-                self.metrics.batch_size.labels(model.name).observe(batch)
+                served.batch_size.observe(batch)
                 if inline:  # bounded: see ModelRepository
                     results, _, took = timed_infer(model, inputs)
                 else:  # onnxruntime releases the GIL: the run proceeds beside the loop

@@ -58,6 +58,7 @@ class Served:
     info: ModelInfo | None = None
     statistics: ModelStatistics = field(default_factory=ModelStatistics)
     compute_seconds: Any = None  # its gelu_compute_seconds child, looked up once
+    batch_size: Any = None  # its gelu_batch_size child, looked up once
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -346,9 +347,14 @@ class ModelRepository:
                 instances=config.instance_count,
             )
             batcher.start()
-        compute = self.metrics.compute.labels(model.name, model.version)
         return Served(
-            model, batcher, inline_batch, files, statistics=statistics, compute_seconds=compute
+            model,
+            batcher,
+            inline_batch,
+            files,
+            statistics=statistics,
+            compute_seconds=self.metrics.compute.labels(model.name, model.version),
+            batch_size=self.metrics.batch_size.labels(model.name),
         )
 
     async def _inline_limit(self, model: Model, largest: int) -> int:

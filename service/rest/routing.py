@@ -47,6 +47,12 @@ class DirectRoute(APIRoute):
     path parameters (as strings) and returns a Response itself. FastAPI sees it only for
     OpenAPI and to answer 405 to other methods."""
 
+    def __init__(self, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        # What is called: the endpoint itself, not the signature-only wrapper of an
+        # unversioned path (that is for OpenAPI).
+        self.direct_endpoint: Endpoint = getattr(endpoint, "__wrapped__", endpoint)
+
 
 class DirectRoutes:
     """The app's direct routes, matched and called without FastAPI's per-request layers.
@@ -82,9 +88,7 @@ class DirectRoutes:
     @staticmethod
     async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        endpoint = scope["route"].endpoint
-        # The endpoint itself, not the signature-only wrapper of an unversioned path.
-        endpoint = getattr(endpoint, "__wrapped__", endpoint)
+        endpoint = scope["route"].direct_endpoint
         try:
             response = await endpoint(request, **scope["path_params"])
         except Exception as exc:
