@@ -43,6 +43,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def started(
+    model: Model, max_batch_size: int, delay_us: int, inline: bool = False, instances: int = 1
+) -> Batcher:
+    """A running batcher (call inside the event loop), with its own metrics."""
+    batcher = Batcher(model, max_batch_size, delay_us, Metrics(), inline, instances=instances)
+    batcher.start()
+    return batcher
+
+
 @pytest.fixture(params=[False, True], ids=["thread", "inline"])
 def inline(request) -> bool:
     """Each batcher test runs with batches on a worker thread and on the event loop."""
@@ -56,10 +65,7 @@ def test_concurrent_requests_of_different_sizes_share_one_run(model, monkeypatch
     offsets = np.cumsum([0, *sizes])
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 64, 50_000, inline)
         results = await asyncio.gather(*(
             batcher.infer({"input": DIGITS[a:b]}, ["probabilities"])
             for a, b in itertools.pairwise(offsets)
@@ -78,10 +84,7 @@ def test_batches_respect_the_maximum_size(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=4, max_queue_delay_us=20_000, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 4, 20_000, inline)
         await asyncio.gather(*(batcher.infer({"input": DIGITS[:3]}) for _ in range(3)))
         # A request above the maximum runs alone instead of waiting forever.
         await batcher.infer({"input": DIGITS[:9]})
@@ -95,10 +98,7 @@ def test_a_failed_batch_fails_every_request_in_it(model, monkeypatch, inline) ->
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=64, max_queue_delay_us=20_000, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 64, 20_000, inline)
         recorder.fail = True
         failed = await asyncio.gather(
             *(batcher.infer({"input": DIGITS[:2]}) for _ in range(3)), return_exceptions=True
@@ -118,10 +118,7 @@ def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch,
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=64, max_queue_delay_us=50_000, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 64, 50_000, inline)
         tasks = [asyncio.create_task(batcher.infer({"input": DIGITS[:n]})) for n in (1, 2, 4)]
         await asyncio.sleep(0.005)  # queued, the batch still gathering
         tasks[1].cancel()  # as when a client disconnects
@@ -139,10 +136,7 @@ def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch, inline) -> N
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 64, 0, inline)
         result = await asyncio.wait_for(batcher.infer({"input": DIGITS[:1]}), timeout=5)
         await batcher.stop()
         return result
@@ -159,10 +153,7 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     recorder = Recorder(model, monkeypatch)
 
     async def scenario():
-        batcher = Batcher(
-            model, max_batch_size=64, max_queue_delay_us=0, metrics=Metrics(), inline=inline
-        )
-        batcher.start()
+        batcher = started(model, 64, 0, inline)
         for _ in range(3):  # a lone client
             await batcher.infer({"input": DIGITS[:1]})
         for _ in range(PROBE_EVERY + 1):  # bursts of 8 concurrent requests
@@ -212,8 +203,7 @@ def test_instances_run_batches_at_once(model, monkeypatch) -> None:
     monkeypatch.setattr(model, "infer", infer)
 
     async def scenario(instances: int) -> None:
-        batcher = Batcher(model, 1, 0, Metrics(), instances=instances)
-        batcher.start()
+        batcher = started(model, 1, 0, instances=instances)
         await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(4)))
         await batcher.stop()
 
