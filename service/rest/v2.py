@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import __version__, codecs
+from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.rest.middleware import SERVED_VERSION
 from service.rest.routing import add_model_route, get_plane
@@ -157,6 +158,13 @@ add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=r
 # ---- Triton's model repository extension ------------------------------------------------------
 
 
+def authorized_plane(request: Request) -> DataPlane:
+    """The data plane, once the request may use the repository API (401 if not)."""
+    plane = get_plane(request)
+    plane.authorize_control(request.headers.get("authorization"))
+    return plane
+
+
 @router.post(
     "/v2/repository/index",
     response_model=list[RepositoryIndexEntry],
@@ -166,8 +174,7 @@ add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=r
 )
 async def repository_index(request: Request) -> Response:
     """Every model in the repository, each version's state and the reason it is unavailable."""
-    plane = get_plane(request)
-    plane.authorize_control(request.headers.get("authorization"))
+    plane = authorized_plane(request)
     body = await request.body()
     payload = codecs.loads(body) if body.strip() else {}
     if not isinstance(payload, dict) or not isinstance(payload.get("ready", False), bool):
@@ -183,8 +190,7 @@ async def repository_index(request: Request) -> Response:
 async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
-    plane = get_plane(request)
-    plane.authorize_control(request.headers.get("authorization"))
+    plane = authorized_plane(request)
     await plane.load_model(name)
     return _json({})
 
@@ -196,7 +202,6 @@ async def load_model(name: str, request: Request) -> Response:
 )
 async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
-    plane = get_plane(request)
-    plane.authorize_control(request.headers.get("authorization"))
+    plane = authorized_plane(request)
     await plane.unload_model(name)
     return _json({})
