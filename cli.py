@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> None:
         directory = tempfile.mkdtemp(prefix="gelu-serve-metrics-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    run_server(args.host, args.port, workers, settings.log_level)
+    run_server(args.host, args.port, workers, settings)
 
 
 SUBCOMMANDS = {

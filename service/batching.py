@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
 from service.statistics import ModelStatistics
@@ -44,16 +45,54 @@ Outputs = dict[str, np.ndarray]
 PROBE_EVERY = 8
 
 
+class Deadline:
+    """When a request must have started running: ``timeout_us`` after ``began_ns``
+    (``time.perf_counter_ns``), as Triton's queue policy ``timeout``."""
+
+    __slots__ = ("at_ns", "timeout_us")
+
+    def __init__(self, began_ns: int, timeout_us: int) -> None:
+        self.timeout_us = timeout_us
+        self.at_ns = began_ns + timeout_us * 1000
+
+    def seconds_left(self) -> float:
+        """Seconds until the deadline (negative once passed)."""
+        return (self.at_ns - time.perf_counter_ns()) / 1e9
+
+    def check(self) -> None:
+        """``OverloadedError`` once the deadline has passed."""
+        if time.perf_counter_ns() > self.at_ns:
+            raise self.error()
+
+    def error(self) -> OverloadedError:
+        """What a request whose deadline passed in a queue is answered."""
+        return OverloadedError(
+            f"request timeout expired: not started within {self.timeout_us} µs (the request's "
+            "'timeout' parameter, else GELU_DEFAULT_TIMEOUT_US); the model is overloaded"
+        )
+
+
 @dataclass(slots=True)
 class _Request:
     inputs: dict[str, np.ndarray]
     size: int
     future: asyncio.Future[Outputs]
     enqueued: float = field(default_factory=time.perf_counter)
+    expiry: asyncio.TimerHandle | None = None  # fails the request when its deadline passes
 
 
-def timed_infer(model: Model, feed: dict[str, np.ndarray]) -> tuple[Outputs, int, int]:
-    """``model.infer(feed)``, when the run began and how long it took (ns)."""
+def _expire(request: _Request, deadline: Deadline) -> None:
+    if not request.future.done():
+        request.future.set_exception(deadline.error())
+
+
+def timed_infer(
+    model: Model, feed: dict[str, np.ndarray], deadline: Deadline | None = None
+) -> tuple[Outputs, int, int]:
+    """``model.infer(feed)``, when the run began and how long it took (ns); refused if
+    ``deadline`` has passed by the time the run would begin."""
+    if deadline is not None:
+        deadline.check()
     began = time.perf_counter_ns()
     results = model.infer(feed)
     return results, began, time.perf_counter_ns() - began
@@ -121,9 +160,13 @@ class Batcher:
             self._executor.shutdown(wait=True)
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str] | None = None,
+        deadline: Deadline | None = None,
     ) -> Outputs:
-        """Queue one request and wait for its share of a batch's outputs."""
+        """Queue one request and wait for its share of a batch's outputs; a request still
+        queued at its ``deadline`` fails with ``OverloadedError`` instead of running late."""
         loop = self._loop
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
@@ -131,9 +174,14 @@ class Batcher:
             results = self._run_alone(inputs, size)  # no company lately, none waiting
             return {n: results[n] for n in outputs} if outputs else results
         future: asyncio.Future[Outputs] = loop.create_future()
-        self._pending.append(_Request(inputs, size, future))
+        request = _Request(inputs, size, future)
+        self._pending.append(request)
         self._queued += size
         if not self.inline:
+            # Inline, a request waits one loop iteration at most; on threads, behind batches.
+            if deadline is not None:
+                left = deadline.seconds_left()
+                request.expiry = loop.call_later(left, _expire, request, deadline)
             self._wakeup.set()
         elif self._queued >= self.max_batch_size:
             self._run_inline()  # full: run now, in this request's turn
@@ -246,7 +294,9 @@ class Batcher:
         while pending and (not batch or size + pending[0].size <= self.max_batch_size):
             request = pending.popleft()
             self._queued -= request.size
-            if request.future.done():  # the client went away while queued
+            if request.expiry is not None:
+                request.expiry.cancel()
+            if request.future.done():  # the client went away, or its deadline passed
                 continue
             batch.append(request)
             size += request.size

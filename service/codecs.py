@@ -54,16 +54,41 @@ def loads(body: bytes) -> Any:
         raise BadInputError(f"malformed JSON: {exc}") from None
 
 
-def numbers(data: Any, what: str) -> np.ndarray:
-    """A (nested) list of numbers (or booleans) as an array; refuses ragged or non-numeric
-    data instead of letting numpy make objects or strings of it."""
+def numbers(data: Any, what: str, booleans_possible: bool = True) -> np.ndarray:
+    """A (nested) list of numbers, or of booleans, as an array; refuses ragged, non-numeric or
+    mixed data instead of letting numpy make objects or strings of it, or 1 and 0 of ``true``
+    and ``false``. ``booleans_possible`` False (the body has no ``true`` or ``false`` at all,
+    see ``may_hold_booleans``) skips the scan for booleans among numbers."""
     try:
         array = np.asarray(data)
     except ValueError:
         raise BadInputError(f"{what}: nested lists of different lengths (ragged)") from None
     if array.dtype.kind not in "iufb":
         raise BadInputError(f"{what}: expected numbers, found {_describe(array)}")
+    if booleans_possible and array.dtype.kind != "b" and _holds_boolean(data):
+        raise BadInputError(f"{what}: expected numbers, found booleans among them")
     return array
+
+
+def may_hold_booleans(body: bytes) -> bool:
+    """False when a JSON body cannot hold a boolean: a scan of the bytes (C speed), so the
+    element-by-element check runs only for bodies that say true or false somewhere."""
+    return b"true" in body or b"false" in body
+
+
+def _holds_boolean(data: Any) -> bool:
+    """Whether a nested list numpy accepted as numbers has a boolean among them."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is bool:
+            return True
+        if type(item) is list:
+            if item and type(item[0]) is list:
+                stack.extend(item)
+            elif any(type(value) is bool for value in item):
+                return True
+    return False
 
 
 def cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
@@ -100,7 +125,8 @@ def decode_v1(body: bytes) -> InferenceRequest:
     instances = payload.get("instances", payload.get("inputs"))
     if not isinstance(instances, list):
         raise BadInputError('body must be a JSON object {"instances": [...]} holding a list')
-    return InferenceRequest([RequestInput(numbers(instances, "instances"))])
+    array = numbers(instances, "instances", may_hold_booleans(body))
+    return InferenceRequest([RequestInput(array)])
 
 
 def encode_v1(result: InferenceResult) -> bytes:
@@ -138,17 +164,59 @@ def encode_v1(result: InferenceResult) -> bytes:
 # ---- Open Inference Protocol (V2) -----------------------------------------------------------
 
 
-def _bool_parameter(entry: dict[str, Any], key: str, what: str) -> bool:
-    parameters = entry.get("parameters") or {}
+# Request parameters that would change what a request means, which this server cannot honour:
+# refused rather than silently ignored (Triton's priority levels and sequence batcher).
+UNSUPPORTED_PARAMETERS = {
+    "priority": "priority levels",
+    "sequence_id": "stateful sequences",
+    "sequence_start": "stateful sequences",
+    "sequence_end": "stateful sequences",
+}
+# The most dimensions, and the largest dimension, a request's tensor may declare.
+MAX_DIMS = 32
+MAX_DIM = 2**31 - 1
+
+
+def _parameters(entry: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = entry.get("parameters")
+    if parameters is None:
+        return {}
     if not isinstance(parameters, dict):
-        raise BadInputError(f"{what}: parameters must be an object")
+        raise BadInputError(f"{what}: 'parameters' must be an object")
+    return parameters
+
+
+def _bool_parameter(parameters: dict[str, Any], key: str, what: str) -> bool:
     value = parameters.get(key, False)
     if not isinstance(value, bool):
         raise BadInputError(f"{what}: parameter {key!r} must be true or false")
     return value
 
 
-def _v2_input(entry: Any, binary: memoryview, offset: int) -> tuple[RequestInput, int]:
+def _int_parameter(parameters: dict[str, Any], key: str, what: str, minimum: int) -> int | None:
+    value = parameters.get(key)
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or value < minimum
+    ):
+        raise BadInputError(f"{what}: parameter {key!r} must be an integer of at least {minimum}")
+    return value
+
+
+def check_shape(shape: Any, what: str) -> list[int]:
+    """A declared shape: a list of at most MAX_DIMS integers in [0, MAX_DIM]."""
+    if not (
+        isinstance(shape, list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
+    ):
+        raise BadInputError(f"{what}: shape must be a list of non-negative integers <= {MAX_DIM}")
+    if len(shape) > MAX_DIMS:
+        raise BadInputError(f"{what}: shape has {len(shape)} dimensions; at most {MAX_DIMS}")
+    return shape
+
+
+def _v2_input(
+    entry: Any, binary: memoryview, offset: int, booleans_possible: bool
+) -> tuple[RequestInput, int]:
     """One entry of ``inputs``, its data from JSON or from the binary section at ``offset``."""
     if not isinstance(entry, dict):
         raise BadInputError("each of 'inputs' must be an object")
@@ -157,21 +225,13 @@ def _v2_input(entry: Any, binary: memoryview, offset: int) -> tuple[RequestInput
         raise BadInputError("each of 'inputs' needs a 'name' string")
     what = f"input {name!r}"
     datatype = entry.get("datatype")
-    if datatype not in V2_TO_NUMPY:
+    if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
         raise BadInputError(f"{what}: datatype {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
-    shape = entry.get("shape")
-    if not (
-        isinstance(shape, list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-    ):
-        raise BadInputError(f"{what}: shape must be a list of non-negative integers")
+    shape = check_shape(entry.get("shape"), what)
     count = math.prod(shape)
     dtype = V2_TO_NUMPY[datatype]
-    parameters = entry.get("parameters") or {}
-    size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+    size = _int_parameter(_parameters(entry, what), "binary_data_size", what, 0)
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise BadInputError(f"{what}: binary_data_size must be a non-negative integer")
         if size != count * dtype.itemsize:
             raise BadInputError(
                 f"{what}: binary_data_size {size} does not match shape {shape} of "
@@ -188,12 +248,34 @@ def _v2_input(entry: Any, binary: memoryview, offset: int) -> tuple[RequestInput
         return RequestInput(array.reshape(shape), name, datatype), offset + size
     if "data" not in entry:
         raise BadInputError(f"{what}: needs 'data' or parameters.binary_data_size")
-    array = cast(numbers(entry["data"], what), dtype, what)
+    array = cast(numbers(entry["data"], what, booleans_possible), dtype, what)
     if array.size != count:
         raise BadInputError(
             f"{what}: data holds {array.size} values but shape {shape} needs {count}"
         )
     return RequestInput(array.reshape(shape), name, datatype), offset
+
+
+def _request_options(payload: dict[str, Any]) -> tuple[bool, int | None]:
+    """The request's own parameters: binary_data_output, and Triton's ``timeout`` (µs)."""
+    parameters = _parameters(payload, "request")
+    for key, feature in UNSUPPORTED_PARAMETERS.items():
+        if key in parameters:
+            raise BadInputError(
+                f"request parameter {key!r} is not supported: this server has no {feature}"
+            )
+    binary = _bool_parameter(parameters, "binary_data_output", "request")
+    return binary, _int_parameter(parameters, "timeout", "request", 0)
+
+
+def _v2_output(entry: Any) -> RequestOutput:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise BadInputError("each of 'outputs' must be an object with a 'name' string")
+    name = entry["name"]
+    what = f"output {name!r}"
+    parameters = _parameters(entry, what)
+    classes = _int_parameter(parameters, "classification", what, 1) or 0
+    return RequestOutput(name, _bool_parameter(parameters, "binary_data", what), classes)
 
 
 def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
@@ -216,31 +298,35 @@ def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadInputError("'id' must be a string")
+    binary_default, timeout_us = _request_options(payload)
 
     inputs: list[RequestInput] = []
     offset = 0
+    booleans_possible = may_hold_booleans(header)
     for entry in payload["inputs"]:
-        tensor, offset = _v2_input(entry, binary, offset)
+        tensor, offset = _v2_input(entry, binary, offset, booleans_possible)
         inputs.append(tensor)
     if offset != len(binary):
         raise BadInputError(
             f"binary data holds {len(binary) - offset} bytes beyond the declared inputs"
         )
-    binary_default = _bool_parameter(payload, "binary_data_output", "request")
     requested = payload.get("outputs")
-    if requested is None or requested == []:
-        return InferenceRequest(inputs, None, binary_default, request_id)
-    if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
-        raise BadInputError("'outputs' must be a list of objects")
-    outputs = []
-    for entry in requested:
-        name = entry.get("name")
-        if not isinstance(name, str):
-            raise BadInputError("each of 'outputs' needs a 'name' string")
-        outputs.append(
-            RequestOutput(name, _bool_parameter(entry, "binary_data", f"output {name!r}"))
-        )
-    return InferenceRequest(inputs, outputs, binary_default, request_id)
+    outputs = None
+    if requested is not None and requested != []:
+        if not isinstance(requested, list):
+            raise BadInputError("'outputs' must be a list of objects")
+        outputs = [_v2_output(entry) for entry in requested]
+    return InferenceRequest(inputs, outputs, binary_default, request_id, timeout_us)
+
+
+def bytes_tensor(array: np.ndarray) -> bytes:
+    """A BYTES tensor in the binary extension's layout: each element's length as a 4-byte
+    little-endian integer, then its bytes, in row-major order."""
+    parts = []
+    for value in array.reshape(-1).tolist():
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        parts += [len(data).to_bytes(4, "little"), data]
+    return b"".join(parts)
 
 
 def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
@@ -249,9 +335,14 @@ def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, array in result.outputs.items():
-        entry: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": array.shape}
+        datatype = "BYTES" if array.dtype == object else datatypes[name]  # classification
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if result.binary.get(name):
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = (
+                bytes_tensor(array)
+                if datatype == "BYTES"
+                else array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            )
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -277,14 +368,12 @@ def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
 
 
 def parse_shape(text: str, what: str) -> tuple[int, ...]:
-    """``"2,3"`` or ``"2x3"`` -> (2, 3); ``""`` -> () is refused."""
-    try:
-        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
-    except ValueError:
-        raise BadInputError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not shape or any(d < 0 for d in shape):
-        raise BadInputError(f"{what} must be non-negative integers, got {text!r}")
-    return shape
+    """``"2,3"`` or ``"2x3"`` -> (2, 3), within the limits of ``check_shape``; an empty
+    dimension (``"2,,3"``) is refused."""
+    parts = text.replace("x", ",").split(",")
+    if not all(p.isascii() and p.strip().isdigit() for p in parts):
+        raise BadInputError(f"{what} must be comma-separated integers (non-negative), got {text!r}")
+    return tuple(check_shape([int(p) for p in parts], what))
 
 
 def decode_activation_json(body: bytes) -> tuple[np.ndarray, bool]:
@@ -295,7 +384,8 @@ def decode_activation_json(body: bytes) -> tuple[np.ndarray, bool]:
     derivative = payload.get("derivative", False)
     if not isinstance(derivative, bool):
         raise BadInputError("'derivative' must be true or false")
-    array = cast(numbers(payload["data"], "data"), V2_TO_NUMPY["FP32"], "data")
+    array = numbers(payload["data"], "data", may_hold_booleans(body))
+    array = cast(array, V2_TO_NUMPY["FP32"], "data")
     return array, derivative
 
 

@@ -16,18 +16,21 @@ import gc
 import hmac
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio.to_thread
 import numpy as np
 
 from service.activations import ACTIVATIONS, ActivationEvaluator
-from service.batching import timed_infer
+from service.batching import Deadline, timed_infer
 from service.codecs import cast
 from service.errors import (
     BadInputError,
     ModelLoadError,
     NotFoundError,
     NotReadyError,
+    OverloadedError,
     PayloadTooLargeError,
     StartupError,
     UnauthorizedError,
@@ -45,12 +48,39 @@ from service.runtime import Model, SessionFactory, dims_match, model_names, sess
 from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
+T = TypeVar("T")
+# Bodies up to this size are decoded and encoded on the event loop; see DataPlane.codec.
+INLINE_CODEC_BYTES = 64 * 1024
 # Triton's answer to a load or unload outside explicit mode.
 CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
 
 
 class ControlForbiddenError(NotReadyError):
     """Load and unload outside explicit mode (Triton answers 503 UNAVAILABLE)."""
+
+
+def top_classes(
+    scores: np.ndarray, count: int, labels: tuple[str, ...], batched: bool
+) -> np.ndarray:
+    """Triton's classification extension: the ``count`` highest scores of each batch element
+    (of the whole tensor when the model has no batch axis) as BYTES ``"score:index:label"``
+    (``"score:index"`` where the class has no label), highest first; ``score`` is printed as
+    Triton prints it, with six decimals."""
+    rows = scores.reshape(len(scores), -1) if batched else scores.reshape(1, -1)
+    count = min(count, rows.shape[1])
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :count]
+    named = len(labels)
+    classes = np.array(
+        [
+            [
+                f"{row[i]:f}:{i}:{labels[i]}" if i < named else f"{row[i]:f}:{i}"
+                for i in indices.tolist()
+            ]
+            for row, indices in zip(rows, order, strict=True)
+        ],
+        dtype=object,
+    )
+    return classes if batched else classes.reshape(-1)
 
 
 class DataPlane:
@@ -61,6 +91,8 @@ class DataPlane:
         self.metrics = metrics or Metrics(settings.prometheus_multiproc_dir is not None)
         self.repository: ModelRepository | None = None
         self._activations: ActivationEvaluator | None = None
+        self._draining = False
+        self._codec_threads: anyio.CapacityLimiter | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -99,6 +131,7 @@ class DataPlane:
         if settings.model_control_mode == "poll":
             repository.start_polling(settings.repository_poll_seconds)
         self.repository = repository
+        self._codec_threads = anyio.CapacityLimiter(1)
         # What start-up allocated lives as long as the process: keep the collector off it, so
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
@@ -117,15 +150,19 @@ class DataPlane:
         if repository is not None:
             await repository.stop()
 
+    def drain(self) -> None:
+        """Report not ready from now on (the service is stopping), while still serving."""
+        self._draining = True
+
     @property
     def ready(self) -> bool:
-        """True between a successful ``start()`` and ``stop()``."""
-        return self._activations is not None
+        """True between a successful ``start()`` and ``stop()``, unless draining."""
+        return self._activations is not None and not self._draining
 
     # ---- models --------------------------------------------------------------------------------
 
     def _repository(self) -> ModelRepository:
-        if self.repository is None or not self.ready:
+        if self.repository is None or self._activations is None:
             raise NotReadyError("the service is not ready: its models are not loaded")
         return self.repository
 
@@ -196,25 +233,36 @@ class DataPlane:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
         served = self._repository().get(name, version)
+        limit = self.settings.max_queue_size
+        if served.in_flight >= limit:
+            raise OverloadedError(
+                f"model {name!r} has {served.in_flight} requests queued or running, its maximum "
+                "(GELU_MAX_QUEUE_SIZE); try again shortly"
+            )
+        timeout_us = request.timeout_us
+        if timeout_us is None:
+            timeout_us = self.settings.default_timeout_us
         statistics, began, ok = served.statistics, time.perf_counter_ns(), False
+        deadline = Deadline(began, timeout_us) if timeout_us else None
         served.in_flight += 1  # a version retired meanwhile finishes this request first
         try:
             model = served.model
             inputs = self._check_inputs(model, request.inputs)
             outputs = self._check_outputs(model, request)
             names = [o.name for o in outputs]
-            batch = len(next(iter(inputs.values()))) if model.config.max_batch_size else 1
+            batched = model.config.max_batch_size > 0
+            batch = len(next(iter(inputs.values()))) if batched else 1
             inline = batch <= served.inline_batch
             batcher = served.batcher
             if batcher is not None and inline is batcher.inline:
-                results = await batcher.infer(inputs, names)
+                results = await batcher.infer(inputs, names, deadline)
             else:
                 served.batch_size.observe(batch)
                 if inline:  # bounded: see ModelRepository
                     results, _, took = timed_infer(model, inputs)
                 else:  # onnxruntime releases the GIL: the run proceeds beside the loop
                     run = anyio.to_thread.run_sync
-                    results, _, took = await run(timed_infer, model, inputs)
+                    results, _, took = await run(timed_infer, model, inputs, deadline)
                 statistics.record_run(batch, 1, 0, took, 0)
                 served.compute_seconds.observe(took / 1e9)
             ok = True
@@ -222,9 +270,15 @@ class DataPlane:
             served.finished()
             statistics.record_request(ok, time.perf_counter_ns() - began)
         assert served.info is not None
+        labels = served.info.label_names
         return InferenceResult(
             model=served.info,
-            outputs={n: results[n] for n in names},
+            outputs={
+                o.name: top_classes(results[o.name], o.class_count, labels, batched)
+                if o.class_count
+                else results[o.name]
+                for o in outputs
+            },
             binary={o.name: o.binary for o in outputs},
             inputs=inputs,
             id=request.id,
@@ -301,6 +355,21 @@ class DataPlane:
                     f"expected {model.output_names}"
                 )
         return request.outputs
+
+    # ---- wire formats --------------------------------------------------------------------------
+
+    async def codec(self, size: int, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)``: a face's decode or encode of a body of ``size`` bytes.
+
+        Up to ``INLINE_CODEC_BYTES`` it runs at once, on the event loop (a 64 KiB JSON parses
+        in about 0.3 ms). A larger body runs on a worker thread, one at a time: parsing JSON
+        costs about 15 times its size in memory, and orjson and numpy hold the GIL for one
+        call at a time, so the loop still answers (liveness, small requests) between calls,
+        and concurrent large bodies queue instead of multiplying their cost.
+        """
+        if size <= INLINE_CODEC_BYTES or self._codec_threads is None:
+            return function(*args)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self._codec_threads)
 
     # ---- activations ---------------------------------------------------------------------------
 

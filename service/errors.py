@@ -11,9 +11,10 @@ class ServiceError(Exception):
 
     status_code = 500
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers  # sent with the error (Allow, Retry-After)
 
 
 class BadInputError(ServiceError):
@@ -28,6 +29,15 @@ class NotFoundError(ServiceError):
     status_code = 404
 
 
+class MethodNotAllowedError(ServiceError):
+    """A method the route does not serve; the ``Allow`` header names those it does."""
+
+    status_code = 405
+
+    def __init__(self, message: str, allow: str) -> None:
+        super().__init__(message, {"Allow": allow})
+
+
 class UnauthorizedError(ServiceError):
     """A restricted operation without the right credentials."""
 
@@ -40,10 +50,25 @@ class PayloadTooLargeError(ServiceError):
     status_code = 413
 
 
+class UnsupportedMediaError(ServiceError):
+    """A body in an encoding or media type the service does not read."""
+
+    status_code = 415
+
+
 class NotReadyError(ServiceError):
     """The service or model is not ready to serve."""
 
     status_code = 503
+
+
+class OverloadedError(NotReadyError):
+    """The request cannot be served in time: the model's queue is full, or the request's
+    deadline passed while it queued. ``Retry-After`` says when to try again (Triton answers
+    both with UNAVAILABLE)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
 class StartupError(RuntimeError):

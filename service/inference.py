@@ -34,20 +34,24 @@ class RequestInput:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """One output the client asked for, and whether it wants it as raw bytes."""
+    """One output the client asked for, whether it wants it as raw bytes, and whether it wants
+    only the top ``class_count`` classes (Triton's classification extension; 0: the tensor)."""
 
     name: str
     binary: bool = False
+    class_count: int = 0
 
 
 @dataclass(slots=True)
 class InferenceRequest:
-    """A decoded request: ``outputs`` None means every output, as ``binary_outputs`` says."""
+    """A decoded request: ``outputs`` None means every output, as ``binary_outputs`` says;
+    ``timeout_us`` is how long it may wait in a queue (Triton's ``timeout`` parameter)."""
 
     inputs: list[RequestInput]
     outputs: list[RequestOutput] | None = None
     binary_outputs: bool = False
     id: str | None = None
+    timeout_us: int | None = None
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,76 @@ class Settings(BaseSettings):
         "the event loop instead of a worker thread; 0: always a thread.",
     )
     max_body_bytes: int = Field(
-        64 * MIB, gt=0, description="Largest request body accepted; larger ones get 413."
+        64 * MIB,
+        gt=0,
+        description="Largest request body accepted (binary forms, and gzip or deflate bodies "
+        "after decompression); larger ones get 413.",
+    )
+    max_json_bytes: int = Field(
+        8 * MIB,
+        gt=0,
+        description="Largest JSON accepted: a JSON body, or the JSON header of a V2 binary "
+        "request; larger ones get 413 before they are read. Parsing costs about 15 times the "
+        "JSON's size in memory: send large tensors in the binary forms.",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Largest request line plus headers; larger ones get 431 and the "
+        "connection is closed.",
+    )
+    max_headers: int = Field(
+        100, ge=8, description="Most header fields in a request; more get 431."
+    )
+    max_connections: int = Field(
+        1024,
+        gt=0,
+        description="Open connections per server process; one more gets 503 with Retry-After "
+        "and is closed.",
+    )
+    keep_alive_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="An idle connection (before its first request, or between requests) is "
+        "closed after this long.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="From a request's first byte to the end of its headers; slower gets 408 "
+        "and the connection is closed.",
+    )
+    body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="From the end of a request's headers to the end of its body; slower gets "
+        "408 and the connection is closed.",
+    )
+    max_queue_size: int = Field(
+        256,
+        gt=0,
+        description="Requests queued or running per model version; one more gets 503 with "
+        "Retry-After (Triton's max_queue_size, counted with the running batch).",
+    )
+    default_timeout_us: int = Field(
+        10_000_000,
+        ge=0,
+        description="How long a request may wait in a model's queue, in microseconds, unless "
+        "it sets the V2 'timeout' parameter; past it, 503 with Retry-After instead of running "
+        "late (Triton's default_timeout_microseconds); 0: no limit.",
+    )
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="On SIGTERM, readiness turns 503 at once and the service keeps serving for "
+        "this long (so load balancers stop sending), then stops accepting connections; SIGINT "
+        "skips it.",
+    )
+    graceful_shutdown_seconds: float = Field(
+        20.0,
+        gt=0,
+        description="After the drain, how long in-flight and queued requests may take to "
+        "finish; then the rest are cancelled and the process exits.",
     )
     max_request_batch: int = Field(
         0,

@@ -57,7 +57,8 @@ async def evaluate(
             await plane.activate(name, x, derivative)
         )
         return Response(content, headers=headers)
-    x, body_derivative = codecs.decode_activation_json(body)
+    x, body_derivative = await plane.codec(len(body), codecs.decode_activation_json, body)
     derivative = derivative or body_derivative
     y = await plane.activate(name, x, derivative)
-    return Response(codecs.encode_activation_json(name, derivative, y), media_type=codecs.JSON)
+    encoded = await plane.codec(len(body), codecs.encode_activation_json, name, derivative, y)
+    return Response(encoded, media_type=codecs.JSON)

@@ -7,6 +7,7 @@ accepts requests, and stops it after the last one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from service.dataplane import DataPlane
 from service.errors import ServiceError, StartupError
 from service.rest import activations, v1, v2
 from service.rest.middleware import (
+    CLIENT_GONE,
     BodyLimitMiddleware,
     MetricsMiddleware,
     Receive,
@@ -44,11 +46,17 @@ class ServiceApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         direct = self.direct_routes
-        if direct is not None and direct.match(scope):
-            scope["app"] = self
-            await direct(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
+        try:
+            if direct is not None and direct.match(scope):
+                scope["app"] = self
+                await direct(scope, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            if not scope.get(CLIENT_GONE):
+                raise  # a shutdown's cancellation
+            # The connection cancelled the request of a client that has gone: nobody is left
+            # to answer, and there is nothing to log (see service.rest.protocol).
 
 
 def create_app(settings: Settings | None = None, core: DataPlane | None = None) -> ServiceApp:
@@ -103,11 +111,15 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
         Exception,
     ):
         app.add_exception_handler(exc_class, handle_error)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
+    )
     app.add_middleware(MetricsMiddleware, metrics=plane.metrics, known=plane.knows_model)
     # The routers are included without a prefix: their routes' paths are the app's.
     direct = [*v1.router.routes, *v2.router.routes]
-    app.direct_routes = DirectRoutes(direct, plane, settings.max_body_bytes)
+    app.direct_routes = DirectRoutes(direct, plane)
     # The router handles the lifespan scope; an instance attribute replaces its method there.
     app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]
     return app

@@ -3,21 +3,34 @@ refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+import zlib
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+import anyio.to_thread
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from service import codecs
-from service.errors import PayloadTooLargeError, ServiceError, StartupError
+from service.errors import (
+    BadInputError,
+    PayloadTooLargeError,
+    ServiceError,
+    StartupError,
+    UnsupportedMediaError,
+)
 from service.metrics import Metrics
 
 logger = logging.getLogger("gelu_serve")
+# Set in a request's scope when its client went away and its task was cancelled for that
+# (service.rest.protocol); such a request is counted with nginx's 499, Client Closed Request.
+CLIENT_GONE = "gelu.client_gone"
+CLIENT_CLOSED_REQUEST = 499
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
 
@@ -35,60 +48,173 @@ def error_body(message: str) -> bytes:
 
 async def handle_error(request: Request, exc: Exception) -> Response:
     """The one error handler: every error body is ``{"error": "..."}``."""
+    headers: Mapping[str, str] | None = None
     if isinstance(exc, ServiceError):
-        status, message = exc.status_code, exc.message
+        status, message, headers = exc.status_code, exc.message, exc.headers
     elif isinstance(exc, RequestValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         status, message = 400, f"{where}: {first.get('msg', 'invalid')}"
-    elif isinstance(exc, HTTPException):
-        status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, HTTPException):  # Starlette's own: 404, 405 (with Allow)
+        status, message, headers = exc.status_code, str(exc.detail), exc.headers
     elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
         status, message = 400, "client disconnected before the body was complete"
     else:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         status, message = 500, "internal server error"
-    return Response(error_body(message), status_code=status, media_type="application/json")
+    return Response(
+        error_body(message), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 async def send_error(send: Send, error: ServiceError) -> None:
+    """Answer ``error`` directly on an ASGI ``send``, outside any framework."""
     body = error_body(error.message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()]
     await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimitMiddleware:
-    """413 for a body above ``max_bytes``: by its Content-Length, or as it streams in."""
+    """Request bodies within their limits, and compressed ones decoded (pure ASGI).
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    A binary body (``application/octet-stream``, or a V2 request with
+    ``Inference-Header-Content-Length``) may be up to ``max_bytes``; any other body is JSON,
+    whose parsing costs many times its size, and may be up to ``max_json_bytes`` (as may a V2
+    binary request's JSON header). A body above its limit gets 413: by its Content-Length
+    before it is read, or as it streams in. A ``Content-Encoding: gzip`` or ``deflate`` body
+    (tritonclient's request compression) is read whole, decompressed within the same limits (a
+    decompression bomb stops at the limit, 413) and handed on decoded; another encoding is 415.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_json_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_json_bytes = min(max_json_bytes, max_bytes)
+        self.json_variable = (
+            "GELU_MAX_JSON_BYTES; send large tensors in a binary form"
+            if max_json_bytes < max_bytes
+            else "GELU_MAX_BODY_BYTES"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        binary, length, encoding = False, None, None
         for key, value in scope["headers"]:
-            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await send_error(send, PayloadTooLargeError(self._message(int(value))))
-                return
+            if key == b"content-type":
+                binary = binary or value.startswith(b"application/octet-stream")
+            elif key == b"inference-header-content-length":
+                binary = True
+                if value.isdigit() and int(value) > self.max_json_bytes:
+                    await send_error(send, self._too_large(int(value), "JSON header"))
+                    return
+            elif key == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif key == b"content-encoding" and value.lower() != b"identity":
+                encoding = value.lower()
+        limit = self.max_bytes if binary else self.max_json_bytes
+        what = "body" if binary else "JSON body"
+        if length is not None and length > limit:
+            await send_error(send, self._too_large(length, what, limit))
+            return
         received = 0
 
         async def limited_receive() -> Message:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise PayloadTooLargeError(self._message(received))
+            if received > limit:
+                raise self._too_large(received, what, limit)
             return message
 
+        if encoding is not None:
+            try:
+                decoded = await self._decode(encoding, limited_receive, limit, what)
+            except ServiceError as exc:
+                await send_error(send, exc)
+                return
+            await self.app(decoded_scope(scope, len(decoded)), replay(decoded), send)
+            return
         await self.app(scope, limited_receive, send)
 
-    def _message(self, size: int) -> str:
-        return (
-            f"body of {size} bytes is above the maximum of {self.max_bytes} (GELU_MAX_BODY_BYTES)"
+    async def _decode(self, encoding: bytes, receive: Receive, limit: int, what: str) -> bytes:
+        if encoding not in DECODERS:
+            raise UnsupportedMediaError(
+                f"Content-Encoding {encoding.decode(errors='replace')!r} is not supported; "
+                "send gzip, deflate or identity"
+            )
+        compressed = await read_body(receive)
+        if len(compressed) <= INLINE_DECODE_BYTES:
+            return decompress(encoding, compressed, limit, what)
+        return await anyio.to_thread.run_sync(decompress, encoding, compressed, limit, what)
+
+    def _too_large(self, size: int, what: str, limit: int | None = None) -> PayloadTooLargeError:
+        variable = "GELU_MAX_BODY_BYTES" if what == "body" else self.json_variable
+        return PayloadTooLargeError(
+            f"{what} of {size} bytes is above the maximum of {limit or self.max_json_bytes} "
+            f"({variable})"
         )
+
+
+# Compressed bodies up to this size are decompressed on the event loop (well under a
+# millisecond); larger ones on a worker thread.
+INLINE_DECODE_BYTES = 64 * 1024
+# zlib's wbits for each Content-Encoding: gzip's header, or zlib's (deflate as HTTP means it).
+GZIP, ZLIB = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS
+DECODERS = {b"gzip": GZIP, b"x-gzip": GZIP, b"deflate": ZLIB}
+
+
+def decompress(encoding: bytes, data: bytes, limit: int, what: str) -> bytes:
+    """``data`` decoded, never producing more than ``limit`` bytes (413 beyond)."""
+    decoder = zlib.decompressobj(DECODERS[encoding])
+    try:
+        decoded = decoder.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise BadInputError(f"body is not valid {encoding.decode()} data: {exc}") from None
+    if len(decoded) > limit or decoder.unconsumed_tail:
+        raise PayloadTooLargeError(f"{what} decompresses to more than the maximum of {limit} bytes")
+    if not decoder.eof:
+        raise BadInputError(f"body is truncated {encoding.decode()} data")
+    return decoded
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body from ``receive``."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def decoded_scope(scope: Scope, length: int) -> Scope:
+    """``scope`` for the decoded body: no Content-Encoding, its Content-Length."""
+    headers = [
+        (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
+    ]
+    headers.append((b"content-length", str(length).encode()))
+    return {**scope, "headers": headers}
+
+
+def replay(body: bytes) -> Receive:
+    """A ``receive`` that gives ``body`` as one message, then waits for the disconnect."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # as a server does: nothing more until the client goes
+        raise AssertionError("unreachable")
+
+    return receive
 
 
 def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
@@ -168,6 +294,10 @@ class MetricsMiddleware:
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            if scope.get(CLIENT_GONE) and status == 500:
+                status = CLIENT_CLOSED_REQUEST
+            raise
         finally:
             self.metrics.in_flight.dec()
             route = scope.get("route")

@@ -62,12 +62,15 @@ class DirectRoutes:
     and body-limit middleware, with the app's one error handler.
     """
 
-    def __init__(self, routes: list[BaseRoute], plane: DataPlane, max_body_bytes: int) -> None:
+    def __init__(self, routes: list[BaseRoute], plane: DataPlane) -> None:
         self._routes: list[tuple[re.Pattern[str], set[str], DirectRoute]] = [
             (r.path_regex, r.methods or set(), r) for r in routes if isinstance(r, DirectRoute)
         ]
+        settings = plane.settings
         self._app: ASGIApp = MetricsMiddleware(
-            BodyLimitMiddleware(self._serve, max_body_bytes), plane.metrics, plane.knows_model
+            BodyLimitMiddleware(self._serve, settings.max_body_bytes, settings.max_json_bytes),
+            plane.metrics,
+            plane.knows_model,
         )
 
     def match(self, scope: Scope) -> bool:

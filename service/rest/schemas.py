@@ -58,6 +58,10 @@ class ModelList(BaseModel):
     models: list[ModelSummary]
 
 
+class ModelNames(BaseModel):
+    models: list[str]
+
+
 class PredictRequest(BaseModel):
     """KServe V1: one instance per row, each of the model's input shape."""
 
@@ -133,14 +137,20 @@ class RequestInput(BaseModel):
 class RequestOutput(BaseModel):
     name: str
     parameters: dict[str, Any] | None = Field(
-        None, description="binary_data: true to receive this output as raw bytes"
+        None,
+        description="binary_data: true to receive this output as raw bytes; classification: "
+        "N for the top N classes as BYTES 'score:index:label' (Triton's classification "
+        "extension)",
     )
 
 
 class InferenceRequest(BaseModel):
     id: str | None = None
     parameters: dict[str, Any] | None = Field(
-        None, description="binary_data_output: true for every output as raw bytes"
+        None,
+        description="binary_data_output: true for every output as raw bytes; timeout: the "
+        "longest the request may wait in the model's queue, in microseconds (Triton's); "
+        "priority and sequence_* are refused (400)",
     )
     inputs: list[RequestInput]
     outputs: list[RequestOutput] | None = None
@@ -151,7 +161,9 @@ class ResponseOutput(BaseModel):
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Number] | None = None
+    data: list[Number] | list[str] | None = Field(
+        None, description="numbers; strings for a classification output (BYTES)"
+    )
 
 
 class InferenceResponse(BaseModel):
@@ -227,9 +239,13 @@ ERROR_DESCRIPTIONS = {
     400: "malformed or mismatched input, or an invalid query parameter",
     401: "the repository API is restricted (GELU_CONTROL_TOKEN): no or a wrong bearer token",
     404: "unknown model, version or activation",
+    405: "the route does not take this method (Allow names those it does)",
     413: "body, batch or array above the maximum",
+    415: "a Content-Encoding other than gzip, deflate or identity",
+    431: "request headers above GELU_MAX_HEADER_BYTES or GELU_MAX_HEADERS",
     500: "internal error (a bug: please report it)",
-    503: "the model or service is not ready",
+    503: "the model or service is not ready, the model's queue is full, or the request's "
+    "timeout passed while it queued (with Retry-After)",
 }
 BINARY_MEDIA_TYPE = "application/octet-stream"
 

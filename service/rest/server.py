@@ -12,23 +12,31 @@ worker dies on its own: the orchestrator (Docker's restart policy, Kubernetes) r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 
-APP = "service.rest.app:create_app"
+from service.rest.app import create_app
+from service.rest.protocol import ConnectionLimits, guarded_protocol
+from service.settings import Settings, load_settings
+
 logger = logging.getLogger("gelu_serve")
 
 
-def serve(host: str, port: int, workers: int, log_level: str) -> None:
-    """Serve ``APP`` on ``host:port`` with ``workers`` processes until SIGTERM or SIGINT."""
+def serve(host: str, port: int, workers: int, settings: Settings) -> None:
+    """Serve the model repository on ``host:port`` with ``workers`` processes until SIGTERM or
+    SIGINT; a graceful stop exits 0."""
     if workers == 1:
-        uvicorn.run(APP, factory=True, host=host, port=port, log_level=log_level, access_log=False)
+        server(host, port, settings).run()
         return
     try:
         claim = reuse_port_socket(host, port)
@@ -36,7 +44,7 @@ def serve(host: str, port: int, workers: int, log_level: str) -> None:
         sys.exit(f"cannot bind {host}:{port}: {exc.strerror}")
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_worker, args=(host, port, log_level), name=f"worker-{i}")
+        context.Process(target=_worker, args=(host, port), name=f"worker-{i}")
         for i in range(workers)
     ]
     stopping = threading.Event()
@@ -71,10 +79,71 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(host: str, port: int, log_level: str) -> None:
-    """One worker process: its own socket on the shared port, one uvicorn server on it."""
+def _worker(host: str, port: int) -> None:
+    """One worker process: its own socket on the shared port, one server on it."""
     sock = reuse_port_socket(host, port)
+    server(host, port, load_settings()).run(sockets=[sock])
+
+
+def server(host: str, port: int, settings: Settings) -> GracefulServer:
+    """A uvicorn server of the app for ``settings``, with the service's connection limits."""
+    app = create_app(settings)
     config = uvicorn.Config(
-        APP, factory=True, host=host, port=port, log_level=log_level, access_log=False
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+        ws="none",
+        log_level=settings.log_level,
+        access_log=False,
+        server_header=False,
+        timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
+        timeout_graceful_shutdown=max(1, round(settings.graceful_shutdown_seconds)),
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    return GracefulServer(config, app.state.dataplane.drain, settings.drain_seconds)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, stopping as an orchestrator expects.
+
+    SIGTERM first drains: readiness turns 503 at once (``drain``) while requests are still
+    served, for ``drain_seconds``, so load balancers and Kubernetes endpoints stop sending;
+    then uvicorn's graceful shutdown stops accepting connections, lets in-flight and queued
+    requests finish within its timeout and cancels the rest. SIGINT, or a second SIGTERM,
+    skips what is left of the drain. The process then exits 0: uvicorn re-raises the signal
+    after a graceful stop (exit status 143 or 130), which orchestrators read as a crash.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], None], seconds: float) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._drain_seconds = seconds
+        self._drain_until: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        draining = self._drain_until is not None
+        if sig == signal.SIGTERM and not draining and self._drain_seconds and self.started:
+            self._drain_until = time.monotonic() + self._drain_seconds
+            self._drain()
+            logger.info("SIGTERM: not ready; draining for %g s", self._drain_seconds)
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+            return True
+        return await super().on_tick(counter)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, without raising the captured signal again once stopped."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
+from service.errors import MethodNotAllowedError
 from service.inference import ModelInfo
 from service.rest.middleware import SERVED_VERSION
 from service.rest.routing import add_model_route, get_plane
@@ -23,15 +24,18 @@ router = APIRouter(tags=["V1 (KServe style)"])
 
 async def predict(request: Request, name: str, version: str | None = None) -> Response:
     """Predict with the model (its latest version unless one is named)."""
-    result = await get_plane(request).infer(name, version, codecs.decode_v1(await request.body()))
+    plane, body = get_plane(request), await request.body()
+    result = await plane.infer(name, version, await plane.codec(len(body), codecs.decode_v1, body))
     request.scope[SERVED_VERSION] = result.model.version
-    return Response(codecs.encode_v1(result), media_type=codecs.JSON)
+    content = await plane.codec(len(body), codecs.encode_v1, result)
+    return Response(content, media_type=codecs.JSON)
 
 
 # The inference routes come first: routing tries routes in order, on every request.
+PREDICT_VERB = ":predict"
 add_model_route(
     router,
-    "/v1/models/{name}:predict",
+    "/v1/models/{name}" + PREDICT_VERB,
     predict,
     method="POST",
     direct=True,
@@ -70,8 +74,10 @@ async def list_models(request: Request) -> Response:
     return Response(codecs.dumps({"models": models}), media_type=codecs.JSON)
 
 
-@router.get("/v1/models/{name}", response_model=ModelSummary, responses=responses(404, 503))
+@router.get("/v1/models/{name}", response_model=ModelSummary, responses=responses(404, 405, 503))
 async def describe_model(name: str, request: Request) -> Response:
     """One model: versions, labels, input shape, normalisation, providers, metrics."""
+    if name.endswith(PREDICT_VERB):  # the predict route's path, with the wrong method
+        raise MethodNotAllowedError(f"{request.method} is not allowed on {PREDICT_VERB}", "POST")
     info = get_plane(request).model_info(name)
     return Response(codecs.dumps(summary(info)), media_type=codecs.JSON)

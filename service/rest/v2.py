@@ -14,6 +14,7 @@ from service.rest.schemas import (
     InferenceResponse,
     LiveResponse,
     ModelMetadata,
+    ModelNames,
     ModelReadyResponse,
     ReadyResponse,
     RepositoryIndexEntry,
@@ -26,7 +27,13 @@ from service.rest.schemas import (
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
 SERVER_NAME = "gelu-serve"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -44,10 +51,12 @@ def _json(payload: object, status_code: int = 200) -> Response:
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Inference with the model (its latest version unless one is named): JSON, or JSON plus
     binary tensors."""
-    body, header_length = await request.body(), request.headers.get(codecs.HEADER_LENGTH)
-    result = await get_plane(request).infer(name, version, codecs.decode_v2(body, header_length))
+    plane, body = get_plane(request), await request.body()
+    header_length = request.headers.get(codecs.HEADER_LENGTH)
+    decoded = await plane.codec(len(body), codecs.decode_v2, body, header_length)
+    result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version
-    content, headers = codecs.encode_v2(result)
+    content, headers = await plane.codec(len(body), codecs.encode_v2, result)
     return Response(content, headers=headers)
 
 
@@ -85,6 +94,12 @@ async def ready(request: Request) -> Response:
     """200 when every model is loaded and warmed up, else 503."""
     is_ready = get_plane(request).ready
     return _json({"ready": is_ready}, 200 if is_ready else 503)
+
+
+@router.get("/v2/models", response_model=ModelNames, responses=responses(503))
+async def list_models(request: Request) -> Response:
+    """The names of the models serving (as KServe's server lists them)."""
+    return _json({"models": get_plane(request).model_names()})
 
 
 @router.get("/v2/models/stats", responses=responses(503), tags=["V2 (Open Inference Protocol)"])

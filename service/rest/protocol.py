@@ -1,0 +1,218 @@
+"""HTTP/1.1 connections with limits: uvicorn's httptools protocol, guarded against clients that
+hold connections, headers or bodies without end.
+
+uvicorn bounds none of these itself: a new connection that never sends a request stays open
+(its keep-alive timer starts only after a first response), a request may trickle its headers
+or body forever, and header size and count are unlimited. ``GuardedHttpProtocol`` adds, each
+from a ``GELU_*`` setting (``ConnectionLimits``):
+
+- at most ``max_connections`` open connections per process (one more: 503 and closed);
+- an idle connection, new or between requests, closed after ``keep_alive_seconds``;
+- a request's headers complete within ``header_timeout_seconds`` of its first byte, its body
+  within ``body_timeout_seconds`` of its headers (else 408 and closed);
+- at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431).
+
+It also settles what a lost connection means for its request. A client that half-closes
+(sends its request, then shuts its write side) still gets its answer. A connection that is
+lost (reset, or closed by a timeout above) cancels its request's task, so work queued for a
+client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key tells the app
+that this cancellation is not a shutdown's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service import codecs
+from service.rest.middleware import CLIENT_GONE
+from service.settings import Settings
+
+REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold, from the settings of the same names."""
+
+    max_connections: int
+    keep_alive_seconds: float
+    header_timeout_seconds: float
+    body_timeout_seconds: float
+    max_header_bytes: int
+    max_headers: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        """The limits ``settings`` name."""
+        return cls(
+            max_connections=settings.max_connections,
+            keep_alive_seconds=settings.keep_alive_seconds,
+            header_timeout_seconds=settings.header_timeout_seconds,
+            body_timeout_seconds=settings.body_timeout_seconds,
+            max_header_bytes=settings.max_header_bytes,
+            max_headers=settings.max_headers,
+        )
+
+
+class _Refusal(Exception):
+    """Raised in a parser callback to refuse the request with ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with ``limits``; see the module's docstring. Build the
+    class for a set of limits with ``guarded_protocol``."""
+
+    limits: ConnectionLimits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None  # header or body deadline
+        self._reading_headers = False
+        self._header_bytes = 0
+        self._header_count = 0
+        self._task: asyncio.Task[None] | None = None  # the current request's
+
+    # ---- connection ----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "too many open connections; try again shortly", retry_after=1)
+            return
+        # uvicorn arms its keep-alive timer only after a response: a connection that never
+        # sends a request would stay open. Its first byte disarms this (data_received).
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.limits.keep_alive_seconds, self.timeout_keep_alive_handler
+        )
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """A half-close: with a request in progress, keep the transport to answer it, then
+        close; otherwise let the transport close."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        cycle, task = self.cycle, self._task
+        gone = cycle is not None and not cycle.response_complete
+        super().connection_lost(exc)
+        if gone and task is not None and not task.done():
+            assert cycle is not None
+            cycle.scope[CLIENT_GONE] = True  # type: ignore[literal-required]
+            task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refusal = exc.__context__
+            if isinstance(refusal, _Refusal):
+                self._refuse(refusal.status, refusal.message)
+            else:
+                raise
+            return
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"invalid HTTP request: {exc}")
+            return
+        if self._reading_headers:  # every byte of this chunk belongs to the headers
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._refuse(431, self._header_limit_message())
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # As uvicorn's, keeping the task: a lost connection cancels it.
+        task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        self._task = task
+
+    # ---- parser callbacks ----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_headers = True
+        self._header_bytes = 0
+        self._header_count = 0
+        self._arm(self.limits.header_timeout_seconds, "headers", "GELU_HEADER_TIMEOUT_SECONDS")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            raise _Refusal(431, f"more than {self.limits.max_headers} headers (GELU_MAX_HEADERS)")
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_headers = False
+        self._arm(self.limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._cancel_timer()
+        super().on_message_complete()
+
+    # ---- refusals ------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, what: str, variable: str) -> None:
+        self._cancel_timer()
+        message = f"the request's {what} did not arrive within {seconds:g} s ({variable})"
+        self._timer = self.loop.call_later(seconds, self._timed_out, message)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self, message: str) -> None:
+        self._timer = None
+        self._refuse(408, message)
+
+    def _header_limit_message(self) -> str:
+        return (
+            f"request line and headers above {self.limits.max_header_bytes} bytes "
+            "(GELU_MAX_HEADER_BYTES)"
+        )
+
+    def _refuse(self, status: int, message: str, retry_after: int | None = None) -> None:
+        """Answer ``status`` with the one error body (unless a response has started), then
+        close the connection."""
+        self._cancel_timer()
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or not self.cycle.response_started:
+            body = codecs.dumps({"error": message})
+            lines = [
+                b"HTTP/1.1 %d %s" % (status, REASONS[status]),
+                b"content-type: application/json",
+                b"content-length: %d" % len(body),
+                b"connection: close",
+            ]
+            if retry_after is not None:
+                lines.append(b"retry-after: %d" % retry_after)
+            self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """The protocol class uvicorn builds per connection, with ``limits``."""
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
