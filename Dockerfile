@@ -74,6 +74,7 @@ USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2).status != 200)"]
-# Every setting comes from GELU_* variables (README); SIGTERM drains and stops uvicorn.
+# Every setting comes from GELU_* variables (README). SIGTERM drains (readiness 503 for
+# GELU_DRAIN_SECONDS), lets requests finish, and exits 0: give `docker stop -t` more than 25 s.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["gelu-serve", "serve", "--host", "0.0.0.0", "--port", "8000"]

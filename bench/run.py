@@ -45,6 +45,7 @@ SMALL = "digits-mlp"
 TARGET_FLOOR_RATIO = 0.85  # small model, c=64, one process: each protocol against the floor
 TARGET_TAIL_VS_FLOOR = 2.0  # its p99 against the floor's p99
 TARGET_NAIVE_RATIO = 2.5  # V1 against the naive app, c=64, one process and two
+SERVICE_APP = "service.rest.app:create_app"
 TARGET_WORKERS_GAIN = 1.8  # two workers on two cores against one on one
 TARGET_BATCHING_GAIN = 4.0  # larger model, c=64: batching on against off
 TARGET_ACTIVATION_RATIO = 0.8  # 1e6 float32 binary against the 4 MB echo, c=1 and c=4
@@ -93,12 +94,16 @@ class Server:
 def server(
     app: str, env: dict[str, str], workers: int, cpus: str, ready_path: str
 ) -> Iterator[Server]:
-    """A uvicorn process serving ``app`` (see ``serve``)."""
+    """A uvicorn process serving ``app`` (see ``serve``); the service itself runs as it is
+    deployed, ``gelu-serve serve`` (uvicorn with the service's connection limits)."""
     port = _free_port()
     command = [
         sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(port),
         "--workers", str(workers), "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
+    if app == SERVICE_APP:
+        command = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
+        command += ["--workers", str(workers)]
     with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
         yield started
 
@@ -377,9 +382,11 @@ def run(args: argparse.Namespace) -> Results:
         "GELU_MODEL_REPOSITORY": str(repository),
         "GELU_LOG_LEVEL": "warning",
         "GELU_MAX_BODY_BYTES": str(64 << 20),
+        "GELU_MAX_JSON_BYTES": str(64 << 20),  # the activation JSON point's body
+        "GELU_DRAIN_SECONDS": "0",
     }
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
-    service, ready = "service.rest.app:create_app", "/v2/health/ready"
+    service, ready = SERVICE_APP, "/v2/health/ready"
 
     def point(
         name: str, target: Server, request: Request, c: int, rows: list[Any], pin: bool = True

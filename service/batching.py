@@ -78,11 +78,16 @@ class _Request:
     size: int
     future: asyncio.Future[Outputs]
     enqueued: float = field(default_factory=time.perf_counter)
+    deadline: Deadline | None = None
     expiry: asyncio.TimerHandle | None = None  # fails the request when its deadline passes
 
 
-def _expire(request: _Request, deadline: Deadline) -> None:
-    if not request.future.done():
+def _expire(request: _Request, deadline: Deadline | None, passed_only: bool = False) -> None:
+    """Fail a queued request whose deadline has passed (its timer fired, or it is being taken
+    into a batch first: a timer fires on the loop's schedule, not to the microsecond)."""
+    if deadline is None or request.future.done():
+        return
+    if not passed_only or deadline.seconds_left() < 0:
         request.future.set_exception(deadline.error())
 
 
@@ -174,7 +179,7 @@ class Batcher:
             results = self._run_alone(inputs, size)  # no company lately, none waiting
             return {n: results[n] for n in outputs} if outputs else results
         future: asyncio.Future[Outputs] = loop.create_future()
-        request = _Request(inputs, size, future)
+        request = _Request(inputs, size, future, deadline=deadline)
         self._pending.append(request)
         self._queued += size
         if not self.inline:
@@ -296,6 +301,7 @@ class Batcher:
             self._queued -= request.size
             if request.expiry is not None:
                 request.expiry.cancel()
+                _expire(request, request.deadline, passed_only=True)
             if request.future.done():  # the client went away, or its deadline passed
                 continue
             batch.append(request)

@@ -83,7 +83,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None  # header or body deadline
         self._reading_headers = False
-        self._header_bytes = 0
+        self._header_bytes = 0  # of the request line and headers parsed so far
+        self._unparsed_bytes = 0  # received while the headers are incomplete
         self._header_count = 0
         self._task: asyncio.Task[None] | None = None  # the current request's
 
@@ -135,9 +136,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             self._refuse(400, f"invalid HTTP request: {exc}")
             return
-        if self._reading_headers:  # every byte of this chunk belongs to the headers
-            self._header_bytes += len(data)
-            if self._header_bytes > self.limits.max_header_bytes:
+        if self._reading_headers:  # the parser holds what it has not finished: bound it
+            self._unparsed_bytes += len(data)
+            if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
@@ -152,15 +153,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_headers = True
-        self._header_bytes = 0
-        self._header_count = 0
+        self._header_bytes = self._unparsed_bytes = self._header_count = 0
         self._arm(self.limits.header_timeout_seconds, "headers", "GELU_HEADER_TIMEOUT_SECONDS")
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self.limits.max_headers:
             raise _Refusal(431, f"more than {self.limits.max_headers} headers (GELU_MAX_HEADERS)")
+        self._count_header_bytes(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def _count_header_bytes(self, count: int) -> None:
+        self._header_bytes += count
+        if self._header_bytes > self.limits.max_header_bytes:
+            raise _Refusal(431, self._header_limit_message())
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False

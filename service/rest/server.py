@@ -12,6 +12,7 @@ worker dies on its own: the orchestrator (Docker's restart policy, Kubernetes) r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -98,9 +99,15 @@ def server(host: str, port: int, settings: Settings) -> GracefulServer:
         access_log=False,
         server_header=False,
         timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
-        timeout_graceful_shutdown=max(1, round(settings.graceful_shutdown_seconds)),
+        # A backstop: GracefulServer closes what is left at graceful_shutdown_seconds.
+        timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
     )
-    return GracefulServer(config, app.state.dataplane.drain, settings.drain_seconds)
+    return GracefulServer(
+        config,
+        app.state.dataplane.drain,
+        settings.drain_seconds,
+        settings.graceful_shutdown_seconds,
+    )
 
 
 class GracefulServer(uvicorn.Server):
@@ -109,16 +116,44 @@ class GracefulServer(uvicorn.Server):
     SIGTERM first drains: readiness turns 503 at once (``drain``) while requests are still
     served, for ``drain_seconds``, so load balancers and Kubernetes endpoints stop sending;
     then uvicorn's graceful shutdown stops accepting connections, lets in-flight and queued
-    requests finish within its timeout and cancels the rest. SIGINT, or a second SIGTERM,
+    requests finish within ``graceful_seconds``, and connections still open then are closed
+    (their requests cancelled as a departed client's, quietly). SIGINT, or a second SIGTERM,
     skips what is left of the drain. The process then exits 0: uvicorn re-raises the signal
     after a graceful stop (exit status 143 or 130), which orchestrators read as a crash.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], None], seconds: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Callable[[], None],
+        drain_seconds: float,
+        graceful_seconds: float,
+    ) -> None:
         super().__init__(config)
         self._drain = drain
-        self._drain_seconds = seconds
+        self._drain_seconds = drain_seconds
+        self._graceful_seconds = graceful_seconds
         self._drain_until: float | None = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        closing = loop.call_later(self._graceful_seconds, self._close_connections)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            closing.cancel()
+
+    def _close_connections(self) -> None:
+        connections = list(self.server_state.connections)
+        if connections:
+            logger.warning(
+                "graceful shutdown: %d connection(s) still open after %g s "
+                "(GELU_GRACEFUL_SHUTDOWN_SECONDS): closing them",
+                len(connections),
+                self._graceful_seconds,
+            )
+        for connection in connections:
+            connection.transport.close()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         draining = self._drain_until is not None

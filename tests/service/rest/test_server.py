@@ -23,7 +23,12 @@ def free_port() -> int:
 
 
 def start(repository: Path, port: int, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "GELU_MODEL_REPOSITORY": str(repository), "GELU_WARMUP_RUNS": "1"}
+    env = {
+        **os.environ,
+        "GELU_MODEL_REPOSITORY": str(repository),
+        "GELU_WARMUP_RUNS": "1",
+        "GELU_DRAIN_SECONDS": "0",
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

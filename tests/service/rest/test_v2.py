@@ -107,3 +107,50 @@ def test_binary_input_json_output(client) -> None:
     response = client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
     assert response.headers["content-type"] == "application/json"
     assert len(response.json()["outputs"][0]["data"]) == 20
+
+
+def test_the_models_are_listed_as_kserve_lists_them(client) -> None:
+    assert client.get("/v2/models").json() == {
+        "models": ["digits-autoencoder", "digits-mlp", "digits-mlp-tanh"]
+    }
+
+
+def test_classification_returns_the_top_classes_as_triton_does(client) -> None:
+    x = DIGITS[:3]
+    full = client.post(
+        "/v2/models/digits-mlp/infer",
+        json={"inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32",
+                          "data": x.ravel().tolist()}]},
+    ).json()  # fmt: skip
+    probabilities = np.array(full["outputs"][1]["data"]).reshape(3, 10)
+    wanted = [{"name": "probabilities", "parameters": {"classification": 2}}]
+    content, headers = binary_request(x, wanted)
+    response = client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
+    (output,) = response.json()["outputs"]
+    assert output["datatype"] == "BYTES" and output["shape"] == [3, 2]
+    for i, row in enumerate(probabilities):
+        first, second = np.argsort(-row)[:2]
+        assert output["data"][2 * i] == f"{row[first]:f}:{first}:{first}"
+        assert output["data"][2 * i + 1] == f"{row[second]:f}:{second}:{second}"
+    # As raw bytes: each element a 4-byte little-endian length, then the string.
+    wanted[0]["parameters"]["binary_data"] = True
+    content, headers = binary_request(x, wanted)
+    header, raw = split_binary(
+        client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
+    )
+    strings, offset = [], 0
+    while offset < len(raw):
+        size = int.from_bytes(raw[offset : offset + 4], "little")
+        strings.append(raw[offset + 4 : offset + 4 + size].decode())
+        offset += 4 + size
+    assert strings == output["data"]
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == len(raw)
+
+
+def test_a_wrong_method_is_405_with_allow(client) -> None:
+    response = client.get("/v1/models/digits-mlp:predict")
+    assert_error(response, 405, "GET is not allowed on :predict")
+    assert response.headers["allow"] == "POST"
+    response = client.get("/v2/models/digits-mlp/infer")
+    assert_error(response, 405, "Method Not Allowed")
+    assert response.headers["allow"] == "POST"

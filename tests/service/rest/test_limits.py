@@ -1,0 +1,375 @@
+"""Connection limits and timeouts, against a real ``gelu-serve serve`` with raw sockets."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DIGITS
+from tests.onnx_models import write_model
+from tests.service.rest.test_server import ROOT, free_port
+
+pytestmark = pytest.mark.slow  # real server processes
+
+LIMITS = {
+    "GELU_KEEP_ALIVE_SECONDS": "1",
+    "GELU_HEADER_TIMEOUT_SECONDS": "1",
+    "GELU_BODY_TIMEOUT_SECONDS": "1",
+    "GELU_MAX_HEADER_BYTES": "4096",
+    "GELU_MAX_HEADERS": "20",
+    "GELU_MAX_CONNECTIONS": "40",
+    "GELU_DRAIN_SECONDS": "0",
+}
+PREDICT = "/v1/models/digits-mlp:predict"
+PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
+
+
+@contextmanager
+def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """``gelu-serve serve`` on a free port, ready; stopped with SIGTERM afterwards (if still
+    running), its output checked for tracebacks."""
+    port = free_port()
+    environment = {
+        **os.environ,
+        "GELU_MODEL_REPOSITORY": str(repository),
+        "GELU_WARMUP_RUNS": "1",
+        "GELU_DRAIN_SECONDS": "0",
+        **env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
+        cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(port, process)
+        yield port, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        assert "Traceback" not in output, output
+
+
+def wait_ready(port: int, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        try:
+            if get(port, "/v2/health/ready")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become ready")
+
+
+def get(port: int, path: str, timeout: float = 5) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_and_error(answer: bytes) -> tuple[int, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def request_bytes(method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{headers}\r\n"
+    ).encode() + body
+
+
+@pytest.fixture(scope="module")
+def server(model_repository: Path) -> Iterator[int]:
+    with running(model_repository, **LIMITS) as (port, _):
+        yield port
+
+
+def test_an_idle_connection_is_closed(server: int) -> None:
+    with connect(server) as sock:
+        began = time.monotonic()
+        assert read_all(sock) == b""  # closed without a word: nothing was asked
+        assert 0.5 < time.monotonic() - began < 5
+
+
+def test_slow_headers_get_408(server: int) -> None:
+    with connect(server) as sock:
+        began = time.monotonic()
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        try:
+            for byte in b"X-Slow: 1234567890\r\n":  # slowloris: a byte every 0.2 s
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except OSError:
+            pass  # closed on us, as it should be
+        status, error = status_and_error(read_all(sock))
+    assert status == 408
+    assert "GELU_HEADER_TIMEOUT_SECONDS" in error
+    assert time.monotonic() - began < 4
+
+
+def test_a_slow_body_gets_408(server: int) -> None:
+    with connect(server) as sock:
+        sock.sendall(request_bytes("POST", PREDICT)[:-2].replace(b"Length: 0", b"Length: 400"))
+        sock.sendall(b"\r\n")
+        try:
+            for _ in range(20):
+                sock.sendall(b"[0, ")  # 4 bytes every 0.2 s
+                time.sleep(0.2)
+        except OSError:
+            pass
+        status, error = status_and_error(read_all(sock))
+    assert status == 408
+    assert "GELU_BODY_TIMEOUT_SECONDS" in error
+
+
+@pytest.mark.parametrize(
+    ("headers", "needle"),
+    [
+        ("X-Big: " + "a" * 8000 + "\r\n", "GELU_MAX_HEADER_BYTES"),
+        ("".join(f"X-H{i}: 1\r\n" for i in range(30)), "GELU_MAX_HEADERS"),
+    ],
+    ids=["one-large-header", "many-headers"],
+)
+def test_header_limits_get_431(server: int, headers: str, needle: str) -> None:
+    with connect(server) as sock:
+        sock.sendall(request_bytes("GET", "/v2/health/live", headers=headers))
+        status, error = status_and_error(read_all(sock))
+    assert status == 431
+    assert needle in error
+    assert get(server, "/v2/health/live")[0] == 200
+
+
+def test_connections_beyond_the_limit_get_503(server: int) -> None:
+    held = [connect(server) for _ in range(45)]
+    try:
+        refused = []
+        for sock in held[-5:]:
+            sock.settimeout(3)
+            answer = read_all(sock)
+            if answer:
+                refused.append(answer)
+        assert refused, "no connection beyond GELU_MAX_CONNECTIONS was refused"
+        status, error = status_and_error(refused[0])
+        assert status == 503
+        assert b"retry-after: 1" in refused[0].lower()
+        assert "too many open connections" in error
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
+    assert get(server, "/v2/health/live")[0] == 200
+
+
+def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
+    with connect(server) as sock:
+        sock.sendall(request_bytes("POST", PREDICT, PREDICT_BODY))
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b'"predictions"' in answer
+
+
+def test_malformed_http_gets_400_in_the_one_error_shape(server: int) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, error = status_and_error(read_all(sock))
+    assert status == 400
+    assert "invalid HTTP request" in error
+    assert get(server, "/v2/health/live")[0] == 200
+
+
+def test_no_server_header(server: int) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server, timeout=5)
+    connection.request("GET", "/v2/health/live")
+    response = connection.getresponse()
+    assert response.getheader("server") is None
+    connection.close()
+
+
+# ---- clients that go away -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("slow-repository")
+    write_model(root, "slow", 1, hidden=1024, max_batch_size=8)
+    return root
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a reset (RST), as a client that crashed or gave up."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_requests_of_clients_that_reset_are_not_run(slow_repository: Path) -> None:
+    body = json.dumps({"instances": [DIGITS[0].tolist()] * 8}).encode()
+    with running(slow_repository, GELU_INLINE_MAX_US="0") as (port, _):
+        sent = 150
+        sockets = [connect(port) for _ in range(sent)]
+        for sock in sockets:
+            sock.sendall(request_bytes("POST", "/v1/models/slow:predict", body))
+        for sock in sockets:
+            reset(sock)
+        time.sleep(1.5)
+        stats = json.loads(get(port, "/v2/models/slow/stats")[1])["model_stats"][0]
+        ran = stats["inference_count"] // 8
+        assert ran < sent / 2, f"{ran} of {sent} abandoned requests ran"
+        metrics = get(port, "/metrics")[1].decode()
+        assert 'code="499"' in metrics
+        assert get(port, "/v2/health/live")[0] == 200
+
+
+# ---- JSON bodies cost, bounded --------------------------------------------------------------
+
+
+def test_large_json_bodies_do_not_stall_liveness_or_memory(model_repository: Path) -> None:
+    """Four JSON bodies at the JSON limit at once: liveness keeps answering within 1 s, RSS
+    grows by less than 400 MiB, and a body above the limit is refused before it is read."""
+    import psutil
+
+    limit = 8 << 20
+    values = b"0.123456789," * (limit // 12 - 10)
+    body = b'{"data": [' + values + b"0.5]}"
+    assert len(body) <= limit
+    with running(model_repository, GELU_MAX_JSON_BYTES=str(limit)) as (port, process):
+        rss_before = psutil.Process(process.pid).memory_info().rss
+        results: list[int] = []
+
+        def post() -> None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            connection.request("POST", "/v1/activations/gelu", body)
+            results.append(connection.getresponse().status)
+            connection.close()
+
+        threads = [threading.Thread(target=post) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        worst, peak = 0.0, 0
+        while any(t.is_alive() for t in threads):
+            began = time.monotonic()
+            assert get(port, "/v2/health/live", timeout=10)[0] == 200
+            worst = max(worst, time.monotonic() - began)
+            peak = max(peak, psutil.Process(process.pid).memory_info().rss)
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join()
+        assert results == [200] * 4, results
+        print(f"liveness worst {worst:.3f} s, RSS +{(peak - rss_before) >> 20} MiB")
+        assert worst < 1.0, f"liveness took {worst:.2f} s"
+        assert peak - rss_before < 400 << 20, f"RSS grew {(peak - rss_before) >> 20} MiB"
+
+        # Above the limit: refused by its Content-Length, before the body is sent.
+        with connect(port) as sock:
+            head = request_bytes("POST", "/v1/activations/gelu", headers="Connection: close\r\n")
+            sock.sendall(head.replace(b"Length: 0", f"Length: {limit + 1}".encode()))
+            status, error = status_and_error(read_all(sock))
+        assert status == 413
+        assert "GELU_MAX_JSON_BYTES" in error
+
+
+# ---- shutdown fit for orchestrators ---------------------------------------------------------
+
+
+def test_sigterm_drains_with_no_failure_among_accepted_requests(model_repository: Path) -> None:
+    """Under load, SIGTERM: readiness turns 503 at once while requests are still served;
+    after the drain new connections are refused; every request sent before the signal
+    succeeds; the process exits 0."""
+    env = {"GELU_DRAIN_SECONDS": "1.5", "GELU_GRACEFUL_SHUTDOWN_SECONDS": "5"}
+    with running(model_repository, **env) as (port, process):
+        signalled = threading.Event()
+        before: list[int | str] = []  # outcomes of requests sent before the signal
+        stop = threading.Event()
+
+        def client() -> None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            while not stop.is_set():
+                sent_before = not signalled.is_set()
+                try:
+                    connection.request("POST", PREDICT, PREDICT_BODY)
+                    response = connection.getresponse()
+                    response.read()
+                    outcome: int | str = response.status
+                except (OSError, http.client.HTTPException) as exc:
+                    outcome = type(exc).__name__
+                    connection.close()
+                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    if signalled.is_set():
+                        time.sleep(0.05)
+                if sent_before:
+                    before.append(outcome)
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        signalled.set()
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert get(port, "/v2/health/ready")[0] == 503  # at once, while still serving
+        assert get(port, "/v2/health/live")[0] == 200
+        code = process.wait(timeout=15)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert code == 0
+        assert len(before) > 50
+        failed = [o for o in before if o != 200]
+        assert not failed, f"{len(failed)} of {len(before)} accepted requests failed: {failed[:5]}"
+        with pytest.raises(OSError):
+            get(port, "/v2/health/live", timeout=2)
+
+
+def test_a_stalled_upload_cannot_hold_shutdown(model_repository: Path) -> None:
+    env = {
+        "GELU_BODY_TIMEOUT_SECONDS": "600",
+        "GELU_DRAIN_SECONDS": "0.5",
+        "GELU_GRACEFUL_SHUTDOWN_SECONDS": "2",
+    }
+    with running(model_repository, **env) as (port, process), connect(port) as sock:
+        head = request_bytes("POST", PREDICT).replace(b"Length: 0", b"Length: 1000")
+        sock.sendall(head + b'{"instances": [[')  # then nothing more
+        time.sleep(0.3)
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert time.monotonic() - began < 6  # the drain and the graceful limit, with slack
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_graceful_stop_exits_0(model_repository: Path, signum: int) -> None:
+    with running(model_repository) as (_, process):
+        process.send_signal(signum)
+        assert process.wait(timeout=20) == 0
