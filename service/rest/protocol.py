@@ -13,7 +13,7 @@ from a ``GELU_*`` setting (``ConnectionLimits``):
 - at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431).
 
 It also settles what a lost connection means for its request. A client that half-closes
-(sends its request, then shuts its write side) still gets its answer. A connection that is
+(sends its whole request, then shuts its write side) still gets its answer. A connection that is
 lost (reset, or closed by a timeout above) cancels its request's task, so work queued for a
 client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key tells the app
 that this cancellation is not a shutdown's.
@@ -102,10 +102,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """A half-close: with a request in progress, keep the transport to answer it, then
-        close; otherwise let the transport close."""
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False
+        """A half-close: with a whole request received and not yet answered, keep the
+        transport to answer it, then close; otherwise (idle, or a body that can now never
+        arrive) let the transport close, which cancels the request."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.more_body:
+            cycle.keep_alive = False
             return True
         return None
 

@@ -201,6 +201,17 @@ def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
     assert b'"predictions"' in answer
 
 
+def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int) -> None:
+    """Its body can never complete: the connection closes now, not at the body timeout."""
+    with connect(server) as sock:
+        head = request_bytes("POST", PREDICT).replace(b"Length: 0", b"Length: 1000")
+        sock.sendall(head + b'{"instances": [[')
+        sock.shutdown(socket.SHUT_WR)
+        began = time.monotonic()
+        assert read_all(sock) == b""
+        assert time.monotonic() - began < 0.5  # GELU_BODY_TIMEOUT_SECONDS is 1 here
+
+
 def test_malformed_http_gets_400_in_the_one_error_shape(server: int) -> None:
     with connect(server) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")

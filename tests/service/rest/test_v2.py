@@ -123,7 +123,8 @@ def test_classification_returns_the_top_classes_as_triton_does(client) -> None:
                           "data": x.ravel().tolist()}]},
     ).json()  # fmt: skip
     probabilities = np.array(full["outputs"][1]["data"]).reshape(3, 10)
-    wanted = [{"name": "probabilities", "parameters": {"classification": 2}}]
+    parameters: dict = {"classification": 2}
+    wanted = [{"name": "probabilities", "parameters": parameters}]
     content, headers = binary_request(x, wanted)
     response = client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
     (output,) = response.json()["outputs"]
@@ -133,7 +134,7 @@ def test_classification_returns_the_top_classes_as_triton_does(client) -> None:
         assert output["data"][2 * i] == f"{row[first]:f}:{first}:{first}"
         assert output["data"][2 * i + 1] == f"{row[second]:f}:{second}:{second}"
     # As raw bytes: each element a 4-byte little-endian length, then the string.
-    wanted[0]["parameters"]["binary_data"] = True
+    parameters["binary_data"] = True
     content, headers = binary_request(x, wanted)
     header, raw = split_binary(
         client.post("/v2/models/digits-mlp/infer", content=content, headers=headers)
