@@ -47,6 +47,18 @@ def test_a_port_in_use_is_one_clear_error(model_repository: Path) -> None:
     assert "Traceback" not in output
 
 
+def listening(pid: int, port: int) -> int:
+    """How many of ``pid``'s children listen on ``port``."""
+    import psutil
+
+    return sum(
+        any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in child.net_connections()
+        )
+        for child in psutil.Process(pid).children()
+    )
+
+
 @pytest.mark.slow  # real worker processes
 def test_workers_share_a_burst_of_connections_and_stop_cleanly(model_repository: Path) -> None:
     """A burst of new connections reaches both workers (each has its own SO_REUSEPORT
@@ -64,7 +76,7 @@ def test_workers_share_a_burst_of_connections_and_stop_cleanly(model_repository:
                 probe.request("GET", "/v2/health/ready")
                 ready = probe.getresponse().status == 200
                 probe.close()
-                if ready:
+                if ready and listening(process.pid, port) == 2:  # both workers, not the first
                     break
             except OSError:
                 pass
