@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,train,dev,bench]'
+	$(BIN)/pip install --quiet -e '.[cpu,train,dev,bench,ray]'
 	touch $@
 
 # wrk (Debian) drives the benchmark and its smoke test in `make test`.

@@ -1,0 +1,211 @@
+"""The Kubernetes and KServe manifests, validated offline: against the Kubernetes schemas of a
+pinned version (kubernetes-validate), against KServe's own types (the kserve SDK's models,
+generated from KServe's OpenAPI), and for the promises they make to each other."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+ISVC = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+KUBERNETES_VERSION = "1.33"  # a version every supported managed Kubernetes offered in 2026
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    """Each resource of the kustomization, by kind."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    resources = {}
+    for name in kustomization["resources"]:
+        for document in yaml.safe_load_all((K8S / name).read_text()):
+            resources[document["kind"]] = document
+    return resources
+
+
+def validate(document: dict[str, Any]) -> None:
+    kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+    assert set(manifests()) == {
+        "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(manifests()))
+def test_each_manifest_is_valid_kubernetes(kind: str) -> None:
+    validate(manifests()[kind])
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (["spec", "replicas"], "two", "'two' is not of type 'integer'"),
+        (["spec", "template", "spec", "containers", 0, "livenessProbes"], {}, "unexpected"),
+        (["spec", "template", "spec", "terminationGracePeriodSeconds"], "45s", "not of type"),
+    ],
+)
+def test_a_planted_error_is_caught(path: list, value: Any, message: str) -> None:
+    deployment = copy.deepcopy(manifests()["Deployment"])
+    target = deployment
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(kubernetes_validate.ValidationError, match=message):
+        validate(deployment)
+
+
+def test_the_deployment_keeps_its_promises() -> None:
+    resources = manifests()
+    deployment, config = resources["Deployment"], resources["ConfigMap"]["data"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "startupProbe" in container
+    # The kubelet waits for the pause, the drain and the graceful shutdown before SIGKILL.
+    sleep = re.search(
+        r"sleep\((\d+)\)", " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    )
+    assert sleep is not None
+    pause = float(sleep.group(1))
+    needed = (
+        pause
+        + float(config["GELU_DRAIN_SECONDS"])
+        + float(config["GELU_GRACEFUL_SHUTDOWN_SECONDS"])
+    )
+    assert pod["terminationGracePeriodSeconds"] > needed
+    # Non-root, read-only root filesystem, no privilege, resources bounded.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert set(container["resources"]) == {"requests", "limits"}
+    # Settings from the ConfigMap, the repository from a volume where the settings say.
+    assert (
+        container["envFrom"][0]["configMapRef"]["name"]
+        == resources["ConfigMap"]["metadata"]["name"]
+    )
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts[config["GELU_MODEL_REPOSITORY"]] in {v["name"] for v in pod["volumes"]}
+    # Every GELU_* key is a real setting.
+    from service.settings import Settings
+
+    variables = {Settings.variable(f) for f in Settings.model_fields}
+    assert set(config) <= variables
+
+
+def test_service_hpa_and_pdb_point_at_the_deployment() -> None:
+    resources = manifests()
+    deployment = resources["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    port_names = {p["name"] for p in container["ports"]}
+    service = resources["Service"]["spec"]
+    assert service["selector"].items() <= labels.items()
+    assert {p["targetPort"] for p in service["ports"]} <= port_names
+    assert resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= (
+        labels.items()
+    )
+    target = resources["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+
+
+# ---- KServe -------------------------------------------------------------------------------------
+
+
+def check_kserve(value: Any, kind: str, where: str = "") -> None:
+    """``value`` against a type of KServe's SDK models (``openapi_types``), strictly: unknown
+    fields, wrong types and missing required fields are errors (``ValueError``)."""
+    if kind.startswith("List["):  # the SDKs' generators spell containers two ways
+        kind = "list[" + kind[5:]
+    elif kind.startswith("Dict["):
+        kind = "dict(" + kind[5:-1] + ")"
+    if kind in ("str", "datetime", "bytes"):
+        ok = isinstance(value, str)
+    elif kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind in ("float", "ResourceQuantity"):  # a quantity: "500m", "1Gi" or a number
+        ok = isinstance(value, int | float | str) and not isinstance(value, bool)
+    elif kind == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif kind == "object":
+        ok = True
+    elif kind.startswith("list["):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list")
+        for i, item in enumerate(value):
+            check_kserve(item, kind[5:-1], f"{where}[{i}]")
+        return
+    elif kind.startswith("dict("):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping")
+        inner = kind[5:-1].split(", ", 1)[1]
+        for key, item in value.items():
+            check_kserve(item, inner, f"{where}.{key}")
+        return
+    else:
+        check_model(value, kind, where)
+        return
+    if not ok:
+        raise ValueError(f"{where}: {value!r} is not of type {kind}")
+
+
+def check_model(value: Any, kind: str, where: str) -> None:
+    import kserve.models
+    import kubernetes.client.models
+
+    model = getattr(kserve.models, kind, None) or getattr(kubernetes.client.models, kind)
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected an object ({kind})")
+    fields = {wire: attribute for attribute, wire in model.attribute_map.items()}
+    for key, item in value.items():
+        if key not in fields:
+            raise ValueError(f"{where}.{key}: unknown field of {kind}")
+        check_kserve(item, model.openapi_types[fields[key]], f"{where}.{key}")
+    model(**{fields[k]: v for k, v in value.items()})  # required fields, enumerations
+
+
+def test_the_inference_service_is_valid_for_kserve() -> None:
+    pytest.importorskip("kserve")
+    isvc = yaml.safe_load(ISVC.read_text())
+    check_kserve(isvc, "V1beta1InferenceService", "InferenceService")
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    (container,) = isvc["spec"]["predictor"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PROTOCOL"] == "v2"  # how KServe knows a custom predictor's protocol
+    assert env["GELU_MODEL_REPOSITORY"] == "/mnt/models"  # where STORAGE_URI lands
+    assert container["name"] == "kserve-container"
+    assert container["ports"][0]["name"] == "http1"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda i: i["spec"]["predictor"].update(container={}), "unknown field"),
+        (lambda i: i["spec"]["predictor"].update(minReplicas="one"), "not of type int"),
+        (lambda i: i["spec"]["predictor"]["containers"][0].pop("name"), "name"),
+        (lambda i: i["spec"]["predictor"]["containers"][0]["ports"][0].update(port=8), "unknown"),
+    ],
+)
+def test_a_planted_error_in_the_inference_service_is_caught(change, message: str) -> None:
+    pytest.importorskip("kserve")
+    isvc = yaml.safe_load(ISVC.read_text())
+    change(isvc)
+    with pytest.raises(ValueError, match=message):
+        check_kserve(isvc, "V1beta1InferenceService", "InferenceService")

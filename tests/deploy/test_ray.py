@@ -1,0 +1,417 @@
+"""The service on a real two-node Ray cluster, started as a user starts one, driven through
+Ray's HTTP proxy: placement, answers, autoscaling, a replica killed under load, repository
+polling, and service-wide metrics from Ray's own export. The figures it measures are printed
+(``pytest -s``) and quoted in the README's "Scaling out"."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.helpers import DIGITS, load_model
+from tests.onnx_models import write_model
+from tests.service.rest.test_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ROOT / "docs" / "ray.json"  # the run the README quotes
+README_BLOCK = (
+    "<!-- ray-figures: GELU_RECORD_FIGURES=1 pytest -m slow tests/deploy/test_ray.py -->",
+    "<!-- /ray-figures -->",
+)
+
+BIN = Path(sys.executable).parent
+APP = "gelu-serve"
+REPLICA_CLASS = f"ServeReplica:{APP}:{APP}"
+# Replicas and proxies report load every second (default 10) so the test scales in seconds.
+RAY_ENV = {
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclass
+class Cluster:
+    """Two Ray nodes on loopback, one CPU each, and where to reach them."""
+
+    dashboard: str
+    http_port: int
+    metrics_ports: list[int]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    up_seconds: float = 0.0
+
+    def replicas(self) -> list[dict]:
+        """The live replicas of the application: node and pid of each."""
+        from ray.util.state import list_actors
+
+        actors = list_actors(
+            address=self.dashboard,
+            filters=[("class_name", "=", REPLICA_CLASS), ("state", "=", "ALIVE")],
+            detail=True,
+        )
+        return [{"node": a.node_id, "pid": a.pid} for a in actors]
+
+    def stop(self) -> None:
+        """Tear the cluster down by process id: each ``ray start --block`` and everything it
+        started (never ``ray stop``, which would stop every Ray on the machine)."""
+        import psutil
+
+        tree: list[psutil.Process] = []
+        for process in self.processes:
+            try:
+                parent = psutil.Process(process.pid)
+                tree += [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(tree, timeout=10)
+        for process in self.processes:
+            process.wait(timeout=10)
+
+
+def ray_start(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args],
+            cwd=ROOT, env={**os.environ, **RAY_ENV}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def wait_for(what: str, check, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def reachable(url: str) -> bool:
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=2)
+        connection.request("GET", "/api/version")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    pytest.importorskip("ray")
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
+    gcs, dashboard = free_port(), free_port()
+    metrics = [free_port(), free_port()]
+    started = Cluster(f"http://127.0.0.1:{dashboard}", free_port(), metrics)
+    try:
+        began = time.monotonic()
+        started.processes.append(
+            ray_start(
+                "--head",
+                f"--port={gcs}",
+                "--num-cpus=1",
+                f"--temp-dir={temp}",
+                "--node-ip-address=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--metrics-export-port={metrics[0]}",
+                log=temp / "head.log",
+            )
+        )
+        wait_for("the head node", lambda: reachable(started.dashboard), 90)
+        started.processes.append(
+            ray_start(
+                f"--address=127.0.0.1:{gcs}",
+                "--num-cpus=1",
+                "--node-ip-address=127.0.0.1",
+                f"--metrics-export-port={metrics[1]}",
+                log=temp / "node.log",
+            )
+        )
+        wait_for("two nodes", lambda: len(alive_nodes(started.dashboard)) == 2, 90)
+        started.up_seconds = time.monotonic() - began
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def alive_nodes(dashboard: str) -> list[str]:
+    from ray.util.state import list_nodes
+
+    try:
+        return [n.node_id for n in list_nodes(address=dashboard) if n.state == "ALIVE"]
+    except Exception:  # the state API is not up yet
+        return []
+
+
+def serve_config(repository: Path, http_port: int) -> dict:
+    """The shipped deploy/ray/serve.yaml, pointed at the test's repository and port, with
+    delays short enough for a test."""
+    config = yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
+    config["http_options"]["port"] = http_port
+    (application,) = config["applications"]
+    application["runtime_env"]["env_vars"].update(
+        GELU_MODEL_REPOSITORY=str(repository),
+        GELU_REPOSITORY_POLL_SECONDS="1",
+        GELU_WARMUP_RUNS="1",
+    )
+    (deployment,) = application["deployments"]
+    deployment["autoscaling_config"].update(
+        min_replicas=1,
+        max_replicas=2,
+        target_ongoing_requests=2,
+        upscale_delay_s=1,
+        downscale_delay_s=4,
+        look_back_period_s=2,
+    )
+    return config
+
+
+class Client:
+    """Requests through Ray's proxy; ``retry`` retries a failed inference once (inference is
+    idempotent, so a retry is safe)."""
+
+    def __init__(self, port: int, retry: bool) -> None:
+        self.port, self.retry = port, retry
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        attempts = 2 if self.retry else 1
+        outcome: tuple[int, dict] = (0, {})
+        for _ in range(attempts):
+            try:
+                self.connection.request("POST", path, json.dumps(body))
+                response = self.connection.getresponse()
+                outcome = (response.status, json.loads(response.read() or b"{}"))
+            except (OSError, http.client.HTTPException, ValueError):
+                self.connection.close()
+                self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                outcome = (0, {})
+            if outcome[0] == 200:
+                break
+        return outcome
+
+
+class Load:
+    """``users`` threads sending V1 predictions until stopped; counts answers and failures
+    (first attempts that failed, and failures left after the retry)."""
+
+    def __init__(self, port: int, users: int) -> None:
+        self.ok = self.failed_first = self.failed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(port,)) for _ in range(users)]
+
+    def _run(self, port: int) -> None:
+        first, retried = Client(port, retry=False), Client(port, retry=True)
+        body = {"instances": DIGITS[:4].tolist()}
+        while not self._stop.is_set():
+            status, _ = first.post("/v1/models/digits-mlp:predict", body)
+            final = (
+                status if status == 200 else retried.post("/v1/models/digits-mlp:predict", body)[0]
+            )
+            with self._lock:
+                self.ok += final == 200
+                self.failed_first += status != 200
+                self.failed += final != 200
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def metrics_text(port: int) -> str:
+    """One node's Ray metrics export (Prometheus text)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", "/metrics")
+    return connection.getresponse().read().decode()
+
+
+def ray_counter(port: int, name: str) -> float:
+    """The sum of a counter over one node's Ray metrics export."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics_text(port).splitlines()
+        if line.startswith(name + "{") and 'application="gelu-serve"' in line
+    )
+
+
+def render(figures: dict) -> str:
+    """The README's block of figures from one recorded run."""
+    f = figures
+    lines = [
+        README_BLOCK[0],
+        f"One run of `tests/deploy/test_ray.py` on {f['date']}, two Ray nodes of one CPU each on "
+        "this two-core machine:",
+        "",
+        f"- cluster up (`ray start` of both nodes): {f['cluster_s']:.1f} s; application "
+        f"serving {f['deploy_s']:.1f} s after `serve deploy`;",
+        f"- scaled from 1 to 2 replicas (one per node) {f['scale_up_s']:.1f} s into a load of "
+        f"{f['users']} clients, and back to 1 {f['scale_down_s']:.1f} s after it ended;",
+        "- requests answered by each node's replicas alive at the end (Ray's per-replica "
+        "counter; the killed replica's count died with it): "
+        + " and ".join(f"{n:,.0f}" for n in f["served_per_node"])
+        + ";",
+        f"- a replica killed (SIGKILL) under load was replaced in {f['replace_s']:.1f} s; of "
+        f"{f['requests']:,} requests, {f['failed_first']} failed at the first attempt, "
+        f"{f['failed']} after one retry;",
+        f"- a new model version reached every replica {f['poll_s']:.1f} s after it landed in the "
+        "repository (poll mode, `GELU_REPOSITORY_POLL_SECONDS=1`).",
+        README_BLOCK[1],
+    ]
+    return "\n".join(lines)
+
+
+def test_readme_quotes_the_recorded_run() -> None:
+    import json as json_
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(README_BLOCK[0])
+    block = readme[start : readme.index(README_BLOCK[1]) + len(README_BLOCK[1])]
+    assert block == render(json_.loads(FIGURES.read_text()))
+
+
+@pytest.mark.slow  # a Ray cluster: about a minute and a half
+def served_per_node(cluster: Cluster) -> dict[str, float]:
+    """Requests each node's replicas answered (Ray's per-replica counter, every replica that
+    ever ran, killed ones included), by node."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(
+        address=cluster.dashboard, filters=[("class_name", "=", REPLICA_CLASS)], detail=True
+    )
+    node_of = {str(a.name).rsplit("#", 1)[-1]: str(a.node_id) for a in actors}
+    served: dict[str, float] = {}
+    for port in cluster.metrics_ports:
+        for line in metrics_text(port).splitlines():
+            if line.startswith("ray_serve_deployment_request_counter_total{"):
+                replica = line.split('replica="', 1)[1].split('"', 1)[0]
+                node = node_of.get(replica, "unknown")
+                served[node] = served.get(node, 0.0) + float(line.rsplit(" ", 1)[1])
+    return served
+
+
+def test_the_service_on_a_two_node_ray_cluster(
+    cluster: Cluster, model_repository: Path, tmp_path: Path
+) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(model_repository, repository)
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump(serve_config(repository, cluster.http_port)))
+    began = time.monotonic()
+    subprocess.run(
+        [str(BIN / "serve"), "deploy", str(config), "--address", cluster.dashboard],
+        cwd=ROOT, check=True, capture_output=True, env={**os.environ, **RAY_ENV},
+    )  # fmt: skip
+    client = Client(cluster.http_port, retry=False)
+
+    def ready() -> bool:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", cluster.http_port, timeout=2)
+            connection.request("GET", "/v2/health/ready")
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+
+    wait_for("the application", ready, 120)
+    figures: dict = {"date": time.strftime("%Y-%m-%d"), "cluster_s": cluster.up_seconds}
+    figures["deploy_s"] = time.monotonic() - began
+
+    # V1 and V2 answers through the proxy, equal to onnxruntime in process.
+    x = DIGITS[:8]
+    expected = load_model(model_repository, "digits-mlp").infer({"input": x})["probabilities"]
+    status, v1 = client.post("/v1/models/digits-mlp:predict", {"instances": x.tolist()})
+    assert status == 200
+    got = np.array([p["probabilities"] for p in v1["predictions"]], dtype=np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    v2_input = {"name": "input", "shape": [8, 64], "datatype": "FP32", "data": x.ravel().tolist()}
+    status, v2 = client.post("/v2/models/digits-mlp/infer", {"inputs": [v2_input]})
+    assert status == 200 and v2["model_version"] == "2"
+    probabilities = next(o for o in v2["outputs"] if o["name"] == "probabilities")
+    np.testing.assert_array_equal(np.array(probabilities["data"], np.float32), expected.ravel())
+    status, bad = client.post("/v1/models/digits-mlp:predict", {"instances": [[1, 2]]})
+    assert status == 400 and list(bad) == ["error"]
+
+    # Under load, Ray scales from one replica to two, one on each node.
+    assert len(cluster.replicas()) == 1
+    before = sum(ray_counter(p, "ray_serve_num_http_requests_total") for p in cluster.metrics_ports)
+    figures["users"] = 6
+    with Load(cluster.http_port, users=figures["users"]) as load:
+        scaled = time.monotonic()
+        replicas = wait_for("two replicas", lambda: len(r := cluster.replicas()) == 2 and r, 90)
+        figures["scale_up_s"] = time.monotonic() - scaled
+        assert {r["node"] for r in replicas} == set(alive_nodes(cluster.dashboard))
+        time.sleep(3)  # both replicas serving
+        # A replica process killed under load: Ray replaces it.
+        failed_before_kill = load.failed_first
+        victim = replicas[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(
+            "a replacement replica",
+            lambda: len(r := cluster.replicas()) == 2 and victim not in {x["pid"] for x in r},
+            90,
+        )
+        figures["replace_s"] = time.monotonic() - killed
+        time.sleep(2)
+    sent = load.ok + load.failed
+    figures.update(requests=sent, failed_first=load.failed_first, failed=load.failed)
+    assert failed_before_kill == 0  # before the kill, nothing fails
+    assert load.failed_first < 0.1 * sent
+    assert load.failed <= load.failed_first and load.failed < 0.02 * sent
+
+    # The load over, Ray scales back to one replica.
+    settled = time.monotonic()
+    wait_for("one replica", lambda: len(cluster.replicas()) == 1, 120)
+    figures["scale_down_s"] = time.monotonic() - settled
+
+    # Service-wide: Ray's metrics export, summed over the nodes, counts every request.
+    def counted() -> float:
+        return (
+            sum(ray_counter(p, "ray_serve_num_http_requests_total") for p in cluster.metrics_ports)
+            - before
+        )
+
+    wait_for("the metrics export", lambda: counted() >= load.ok, 60, every=2)
+    figures["served_per_node"] = sorted(served_per_node(cluster).values(), reverse=True)
+    assert len(figures["served_per_node"]) == 2 and min(figures["served_per_node"]) > 0
+
+    # A new version dropped in the repository reaches every replica by its own polling.
+    write_model(repository, "digits-mlp", 3)
+    polled = time.monotonic()
+
+    def serving_3() -> bool:
+        answers = [client.post("/v2/models/digits-mlp/infer", {"inputs": [v2_input]})[1]
+                   for _ in range(10)]  # fmt: skip
+        return all(a.get("model_version") == "3" for a in answers)
+
+    wait_for("version 3 everywhere", serving_3, 60, every=1)
+    figures["poll_s"] = time.monotonic() - polled
+    print("\n" + render(figures))
+    if os.environ.get("GELU_RECORD_FIGURES") == "1":
+        FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
