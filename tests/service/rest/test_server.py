@@ -47,14 +47,18 @@ def test_a_port_in_use_is_one_clear_error(model_repository: Path) -> None:
     assert "Traceback" not in output
 
 
+def tcp_connections(process) -> list:
+    """A process's TCP connections (psutil 6 renamed ``connections``; kserve pins psutil 5)."""
+    method = getattr(process, "net_connections", None) or process.connections
+    return method("tcp")
+
+
 def listening(pid: int, port: int) -> int:
     """How many of ``pid``'s children listen on ``port``."""
     import psutil
 
     return sum(
-        any(
-            c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in child.net_connections()
-        )
+        any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in tcp_connections(child))
         for child in psutil.Process(pid).children()
     )
 
@@ -89,7 +93,7 @@ def test_workers_share_a_burst_of_connections_and_stop_cleanly(model_repository:
         held = {
             child.pid: sum(
                 c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
-                for c in child.net_connections("tcp")
+                for c in tcp_connections(child)
             )
             for child in psutil.Process(process.pid).children()
         }
