@@ -6,7 +6,7 @@ REPOSITORY ?= model_repository
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench bench-peers loadtest clean
+.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench bench-peers loadtest protos clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,10 @@ run: models serve
 
 serve: install
 	GELU_MODEL_REPOSITORY=$(REPOSITORY) $(BIN)/gelu-serve serve --host $(HOST) --port $(PORT)
+
+# The gRPC face's Python modules, from service/grpc/inference.proto (shipped; a test checks them).
+protos: install
+	$(BIN)/python -m service.grpc.generate
 
 lint: install
 	$(BIN)/ruff check .

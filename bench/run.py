@@ -384,6 +384,7 @@ def run(args: argparse.Namespace) -> Results:
         "GELU_MAX_BODY_BYTES": str(64 << 20),
         "GELU_MAX_JSON_BYTES": str(64 << 20),  # the activation JSON point's body
         "GELU_DRAIN_SECONDS": "0",
+        "GELU_GRPC_PORT": "0",
     }
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
     service, ready = SERVICE_APP, "/v2/health/ready"

@@ -241,11 +241,8 @@ def _v2_input(
             raise BadInputError(
                 f"{what}: binary data ends after {len(binary) - offset} of {size} bytes"
             )
-        raw = binary[offset : offset + size]
-        array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
-        if dtype.kind == "f" and not np.isfinite(array).all():
-            raise BadInputError(f"{what}: binary data holds NaN or infinity")
-        return RequestInput(array.reshape(shape), name, datatype), offset + size
+        array = raw_tensor(binary[offset : offset + size], shape, datatype, what)
+        return RequestInput(array, name, datatype), offset + size
     if "data" not in entry:
         raise BadInputError(f"{what}: needs 'data' or parameters.binary_data_size")
     array = cast(numbers(entry["data"], what, booleans_possible), dtype, what)
@@ -256,9 +253,31 @@ def _v2_input(
     return RequestInput(array.reshape(shape), name, datatype), offset
 
 
-def _request_options(payload: dict[str, Any]) -> tuple[bool, int | None]:
-    """The request's own parameters: binary_data_output, and Triton's ``timeout`` (µs)."""
-    parameters = _parameters(payload, "request")
+def raw_tensor(raw: bytes | memoryview, shape: list[int], datatype: str, what: str) -> np.ndarray:
+    """A tensor from its raw little-endian bytes (V2's binary extension, gRPC's
+    ``raw_input_contents``), refusing a wrong length and NaN or infinity."""
+    dtype = V2_TO_NUMPY[datatype]
+    expected = math.prod(shape) * dtype.itemsize
+    if len(raw) != expected:
+        raise BadInputError(
+            f"{what}: {len(raw)} bytes of data for shape {shape} of {datatype} ({expected} bytes)"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadInputError(f"{what}: binary data holds NaN or infinity")
+    return array.reshape(shape)
+
+
+def output_bytes(array: np.ndarray) -> bytes:
+    """An output's raw bytes: little-endian numbers, or BYTES' length-prefixed layout."""
+    if array.dtype == object:
+        return bytes_tensor(array)
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def request_options(parameters: dict[str, Any]) -> tuple[bool, int | None]:
+    """A V2 request's own parameters: binary_data_output, and Triton's ``timeout`` (µs);
+    refuses those that would change its meaning and are not supported."""
     for key, feature in UNSUPPORTED_PARAMETERS.items():
         if key in parameters:
             raise BadInputError(
@@ -268,14 +287,18 @@ def _request_options(payload: dict[str, Any]) -> tuple[bool, int | None]:
     return binary, _int_parameter(parameters, "timeout", "request", 0)
 
 
+def requested_output(name: str, parameters: dict[str, Any]) -> RequestOutput:
+    """One requested output and its parameters: binary_data, classification (Triton's)."""
+    what = f"output {name!r}"
+    classes = _int_parameter(parameters, "classification", what, 1) or 0
+    return RequestOutput(name, _bool_parameter(parameters, "binary_data", what), classes)
+
+
 def _v2_output(entry: Any) -> RequestOutput:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise BadInputError("each of 'outputs' must be an object with a 'name' string")
     name = entry["name"]
-    what = f"output {name!r}"
-    parameters = _parameters(entry, what)
-    classes = _int_parameter(parameters, "classification", what, 1) or 0
-    return RequestOutput(name, _bool_parameter(parameters, "binary_data", what), classes)
+    return requested_output(name, _parameters(entry, f"output {name!r}"))
 
 
 def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
@@ -298,7 +321,7 @@ def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadInputError("'id' must be a string")
-    binary_default, timeout_us = _request_options(payload)
+    binary_default, timeout_us = request_options(_parameters(payload, "request"))
 
     inputs: list[RequestInput] = []
     offset = 0
@@ -338,11 +361,7 @@ def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
         datatype = "BYTES" if array.dtype == object else datatypes[name]  # classification
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if result.binary.get(name):
-            blob = (
-                bytes_tensor(array)
-                if datatype == "BYTES"
-                else array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-            )
+            blob = output_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

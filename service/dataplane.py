@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
+from service import __version__
 from service.activations import ACTIVATIONS, ActivationEvaluator
 from service.batching import Deadline, timed_infer
 from service.codecs import cast
@@ -51,6 +52,15 @@ logger = logging.getLogger("gelu_serve")
 T = TypeVar("T")
 # Bodies up to this size are decoded and encoded on the event loop; see DataPlane.codec.
 INLINE_CODEC_BYTES = 64 * 1024
+SERVER_NAME = "gelu-serve"
+# The protocol extensions served, on HTTP and gRPC alike (Triton's names).
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 # Triton's answer to a load or unload outside explicit mode.
 CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
 
@@ -92,6 +102,7 @@ class DataPlane:
         self.repository: ModelRepository | None = None
         self._activations: ActivationEvaluator | None = None
         self._draining = False
+        self._drain_listeners: list[Callable[[], object]] = []
         self._codec_threads: anyio.CapacityLimiter | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -153,6 +164,12 @@ class DataPlane:
     def drain(self) -> None:
         """Report not ready from now on (the service is stopping), while still serving."""
         self._draining = True
+        for listener in self._drain_listeners:
+            listener()
+
+    def on_drain(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` when the core starts draining (a face's own readiness)."""
+        self._drain_listeners.append(listener)
 
     @property
     def ready(self) -> bool:
@@ -183,6 +200,27 @@ class DataPlane:
         info = self._repository().get(name, version).info
         assert info is not None  # set when the version started serving
         return info
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The model's config.pbtxt as Triton's model configuration JSON."""
+        info = self.model_info(name, version)
+        config: dict[str, Any] = {
+            "name": info.name,
+            "platform": info.platform,
+            "max_batch_size": info.config_max_batch_size,
+            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
+                      for t in info.inputs],
+            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
+                       for t in info.outputs],
+        }  # fmt: skip
+        if info.dynamic_batching:
+            batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
+            config["dynamic_batching"] = batching
+        return config
+
+    def server_metadata(self) -> dict[str, Any]:
+        """The server's name, version and protocol extensions."""
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
 
     # ---- model control (Triton's repository extension) ---------------------------------------
 

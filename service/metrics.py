@@ -29,7 +29,8 @@ class Metrics:
         self.multiprocess = multiprocess
         registry = self.registry
         self.requests = Counter(
-            "gelu_requests", "HTTP requests answered", ["endpoint", "model", "version", "code"],
+            "gelu_requests", "Requests answered (gRPC: endpoint grpc:<method>)",
+            ["endpoint", "model", "version", "code"],
             registry=registry,
         )  # fmt: skip
         self.failures = Counter(

@@ -57,11 +57,24 @@ class Settings(BaseSettings):
         description="Batches that run within this many microseconds (timed at start-up) run on "
         "the event loop instead of a worker thread; 0: always a thread.",
     )
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="Port of the gRPC face (the Open Inference Protocol's GRPCInferenceService, "
+        "health and reflection), beside HTTP in the same process; 0 turns it off.",
+    )
+    grpc_host: str | None = Field(
+        None,
+        description="Address the gRPC face binds; unset: the HTTP face's (`gelu-serve serve "
+        "--host`), else 127.0.0.1.",
+    )
     max_body_bytes: int = Field(
         64 * MIB,
         gt=0,
         description="Largest request body accepted (binary forms, and gzip or deflate bodies "
-        "after decompression); larger ones get 413.",
+        "after decompression); larger ones get 413. Also the largest gRPC message accepted "
+        "(RESOURCE_EXHAUSTED beyond).",
     )
     max_json_bytes: int = Field(
         8 * MIB,

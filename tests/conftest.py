@@ -68,7 +68,9 @@ def settings_factory(model_repository: Path):
     from service.settings import Settings
 
     def make(**overrides: Any) -> Settings:
-        return Settings(**{"model_repository": model_repository, "warmup_runs": 1, **overrides})
+        # The gRPC face is off unless a test asks for it (tests/service/grpc/).
+        defaults = {"model_repository": model_repository, "warmup_runs": 1, "grpc_port": 0}
+        return Settings(**{**defaults, **overrides})
 
     return make
 

@@ -59,6 +59,7 @@ def serving(trained_repository: Path, *args: str) -> Iterator[int]:
         "GELU_MODEL_REPOSITORY": str(trained_repository),
         "GELU_WARMUP_RUNS": "1",
         "GELU_DRAIN_SECONDS": "0",  # test_limits.py holds the drain
+        "GELU_GRPC_PORT": "0",  # tests/service/grpc/ hold the gRPC face
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     process = subprocess.Popen(

@@ -69,13 +69,24 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        grpc_server = None
         try:
             await plane.start()
+            if settings.grpc_port:  # the gRPC face, over the same core
+                from service.grpc.server import GrpcServer
+
+                address = f"{settings.grpc_host or '127.0.0.1'}:{settings.grpc_port}"
+                share = settings.workers > 1
+                grpc_server = GrpcServer(plane, address, settings.max_body_bytes, share)
+                await grpc_server.start()
         except StartupError as exc:
             # One line names what is at fault; the traceback only helps at debug level.
             logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+            await plane.stop()
             raise
         yield
+        if grpc_server is not None:
+            await grpc_server.stop(settings.graceful_shutdown_seconds)
         await plane.stop()
 
     app = ServiceApp(

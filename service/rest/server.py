@@ -45,7 +45,7 @@ def serve(host: str, port: int, workers: int, settings: Settings) -> None:
         sys.exit(f"cannot bind {host}:{port}: {exc.strerror}")
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_worker, args=(host, port), name=f"worker-{i}")
+        context.Process(target=_worker, args=(host, port, workers), name=f"worker-{i}")
         for i in range(workers)
     ]
     stopping = threading.Event()
@@ -80,15 +80,16 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(host: str, port: int) -> None:
+def _worker(host: str, port: int, workers: int) -> None:
     """One worker process: its own socket on the shared port, one server on it."""
     sock = reuse_port_socket(host, port)
-    server(host, port, load_settings()).run(sockets=[sock])
+    server(host, port, load_settings(workers=workers)).run(sockets=[sock])
 
 
 def server(host: str, port: int, settings: Settings) -> GracefulServer:
-    """A uvicorn server of the app for ``settings``, with the service's connection limits."""
-    app = create_app(settings)
+    """A uvicorn server of the app for ``settings``, with the service's connection limits; its
+    gRPC face binds the same host unless GELU_GRPC_HOST says otherwise."""
+    app = create_app(settings.model_copy(update={"grpc_host": settings.grpc_host or host}))
     config = uvicorn.Config(
         app,
         host=host,

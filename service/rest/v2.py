@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from service import __version__, codecs
+from service import codecs
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.rest.middleware import SERVED_VERSION
@@ -26,14 +26,6 @@ from service.rest.schemas import (
 )
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
-SERVER_NAME = "gelu-serve"
-EXTENSIONS = [
-    "binary_tensor_data",
-    "classification",
-    "model_configuration",
-    "model_repository",
-    "statistics",
-]
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -74,9 +66,9 @@ add_model_route(
 
 
 @router.get("/v2", response_model=ServerMetadata, responses=responses())
-async def server_metadata() -> Response:
+async def server_metadata(request: Request) -> Response:
     """Server name, version and protocol extensions."""
-    return _json({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
+    return _json(get_plane(request).server_metadata())
 
 
 @router.get("/v2/health/live", response_model=LiveResponse, responses=responses())
@@ -136,20 +128,7 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
 
 async def model_config(request: Request, name: str, version: str | None = None) -> Response:
     """The model's config.pbtxt as JSON (Triton's model configuration extension)."""
-    info = get_plane(request).model_info(name, version)
-    batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
-    return _json(
-        {
-            "name": info.name,
-            "platform": info.platform,
-            "max_batch_size": info.config_max_batch_size,
-            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                      for t in info.inputs],
-            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                       for t in info.outputs],
-            "dynamic_batching": batching if info.dynamic_batching else None,
-        }
-    )  # fmt: skip
+    return _json(get_plane(request).model_config(name, version))
 
 
 add_model_route(

@@ -296,7 +296,6 @@ def test_readme_quotes_the_recorded_run() -> None:
     assert block == render(json_.loads(FIGURES.read_text()))
 
 
-@pytest.mark.slow  # a Ray cluster: about a minute and a half
 def served_per_node(cluster: Cluster) -> dict[str, float]:
     """Requests each node's replicas answered (Ray's per-replica counter, every replica that
     ever ran, killed ones included), by node."""
@@ -316,6 +315,7 @@ def served_per_node(cluster: Cluster) -> dict[str, float]:
     return served
 
 
+@pytest.mark.slow  # a Ray cluster: about a minute and a half
 def test_the_service_on_a_two_node_ray_cluster(
     cluster: Cluster, model_repository: Path, tmp_path: Path
 ) -> None:

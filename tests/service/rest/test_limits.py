@@ -47,6 +47,7 @@ def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Pope
         "GELU_MODEL_REPOSITORY": str(repository),
         "GELU_WARMUP_RUNS": "1",
         "GELU_DRAIN_SECONDS": "0",
+        "GELU_GRPC_PORT": "0",
         **env,
     }
     process = subprocess.Popen(

@@ -28,6 +28,7 @@ def start(repository: Path, port: int, *args: str) -> subprocess.Popen[str]:
         "GELU_MODEL_REPOSITORY": str(repository),
         "GELU_WARMUP_RUNS": "1",
         "GELU_DRAIN_SECONDS": "0",
+        "GELU_GRPC_PORT": "0",
     }
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],

@@ -1,0 +1,277 @@
+"""The gRPC face: the Open Inference Protocol's ``inference.GRPCInferenceService`` over the
+serving core, with gRPC health checking and server reflection.
+
+One ``GrpcServer`` runs beside the HTTP face in the same process and event loop (grpcio's
+asyncio server), on ``GELU_GRPC_PORT``, started and stopped with the core by the app's
+lifespan. Every method translates to the same ``DataPlane`` call the HTTP routes make, so both
+protocols get the same checks, limits, batches (requests of both form shared batches),
+statistics and metrics; a ``ServiceError`` becomes one gRPC status (``STATUS_CODES``) with its
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service.dataplane import DataPlane
+from service.errors import NotFoundError, NotReadyError, ServiceError, StartupError
+from service.grpc import codec
+from service.grpc import inference_pb2 as pb
+from service.grpc import inference_pb2_grpc as pb_grpc
+from service.rest.middleware import CLIENT_CLOSED_REQUEST
+
+logger = logging.getLogger("gelu_serve")
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+# The one mapping from the core's errors (their HTTP status) to gRPC status codes.
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+Reply = TypeVar("Reply")
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """Each method of the protocol as a call on the core."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        metrics = plane.metrics
+        self._requests = metrics.requests
+        self._failures = metrics.failures
+        self._latency = metrics.latency
+
+    async def _call(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        handler: Awaitable[Reply],
+        model: str = "",
+    ) -> Reply:
+        """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
+        the status as its HTTP equivalent); answer a ``ServiceError`` with its status code."""
+        status, began, version = 500, time.perf_counter(), ""
+        try:
+            reply = await handler
+        except ServiceError as exc:
+            status = exc.status_code
+            await _abort(context, STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), exc.message)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # the client cancelled, or went away
+            raise
+        except Exception:
+            logger.exception("unhandled error in gRPC %s", method)
+            await _abort(context, grpc.StatusCode.INTERNAL, "internal server error")
+        else:
+            status = 200
+            version = getattr(reply, "model_version", "")  # the version that served it
+            return reply
+        finally:
+            # A client's string never becomes a label: only the repository's model names.
+            label = model if model and self.plane.knows_model(model) else ""
+            version = version if label else ""
+            endpoint, code = f"grpc:{method}", str(status)
+            self._requests.labels(endpoint, label, version, code).inc()
+            if status >= 400:
+                self._failures.labels(endpoint, label, version, code).inc()
+            self._latency.labels(endpoint, label, version).observe(time.perf_counter() - began)
+
+    # The protocol's methods (grpcio's names); each is the core call below it, through _call.
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return await self._call("ServerLive", context, self._live())
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return await self._call("ServerReady", context, self._ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        return await self._call("ModelReady", context, self._model_ready(request), request.name)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return await self._call("ServerMetadata", context, self._server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        metadata = self._model_metadata(request)
+        return await self._call("ModelMetadata", context, metadata, request.name)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        return await self._call("ModelInfer", context, self._infer(request), request.model_name)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        return await self._call("ModelConfig", context, self._config(request), request.name)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        statistics = self._statistics(request)
+        return await self._call("ModelStatistics", context, statistics, request.name)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        return await self._call("RepositoryIndex", context, self._index(request, context))
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        load = self._load(request, context)
+        return await self._call("RepositoryModelLoad", context, load, request.model_name)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        unload = self._unload(request, context)
+        return await self._call("RepositoryModelUnload", context, unload, request.model_name)
+
+    # ---- health and metadata ---------------------------------------------------------------------
+
+    async def _live(self) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def _ready(self) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.plane.ready)
+
+    async def _model_ready(self, request: Any) -> pb.ModelReadyResponse:
+        # As Triton's gRPC face: an unknown or unready model is ready=false, not an error.
+        try:
+            self.plane.model(request.name, request.version or None)
+        except (NotFoundError, NotReadyError):
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def _server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.plane.server_metadata())
+
+    async def _model_metadata(self, request: Any) -> pb.ModelMetadataResponse:
+        version = request.version or None
+        info = self.plane.model_info(request.name, version)
+        batch = [-1] if info.config_max_batch_size else []
+        response = pb.ModelMetadataResponse(
+            name=info.name,
+            versions=[info.version] if version else info.versions,
+            platform=info.platform,
+        )
+        for tensors, into in ((info.inputs, response.inputs), (info.outputs, response.outputs)):
+            for t in tensors:
+                into.add(name=t.name, datatype=t.datatype, shape=[*batch, *t.dims])
+        return response
+
+    # ---- inference -------------------------------------------------------------------------------
+
+    async def _infer(self, request: Any) -> pb.ModelInferResponse:
+        decoded, raw = codec.decode_infer(request)
+        result = await self.plane.infer(request.model_name, request.model_version or None, decoded)
+        return codec.encode_infer(result, raw)
+
+    # ---- Triton's extensions ---------------------------------------------------------------------
+
+    async def _config(self, request: Any) -> pb.ModelConfigResponse:
+        as_json = self.plane.model_config(request.name, request.version or None)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(as_json, pb.ModelConfig()))
+
+    async def _statistics(self, request: Any) -> pb.ModelStatisticsResponse:
+        stats = self.plane.statistics(request.name or None, request.version or None)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    async def _index(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        self._authorize(context)
+        models = self.plane.repository_index(request.ready)
+        return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
+
+    async def _load(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
+        self._authorize(context)
+        await self.plane.load_model(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def _unload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
+        self._authorize(context)
+        await self.plane.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _authorize(self, context: Any) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        self.plane.authorize_control(metadata.get("authorization"))
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+) -> NoReturn:
+    """End the call with ``code`` (grpcio's ``abort`` raises)."""
+    await context.abort(code, message)
+    raise AssertionError("unreachable: abort raises")
+
+
+def reflection_pool() -> Any:
+    """What reflection describes: the protocol (in its own descriptor pool, see
+    ``service/grpc/generate.py``), with health's and reflection's own files added to it."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    for module in (health_pb2, reflection_pb2):
+        try:
+            pb.POOL.FindFileByName(module.DESCRIPTOR.name)
+        except KeyError:
+            pb.POOL.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pb.POOL
+
+
+class GrpcServer:
+    """grpcio's asyncio server with the inference service, health and reflection."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        address: str,
+        max_message_bytes: int,
+        share_port: bool = False,
+    ) -> None:
+        self.plane = plane
+        self.address = address
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            # Each worker of `serve --workers N` binds the same port; a lone process must not
+            # share its port with another server by accident.
+            ("grpc.so_reuseport", 1 if share_port else 0),
+        ]
+        self._server = grpc.aio.server(options=options)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self._server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection(
+            (*names, reflection.SERVICE_NAME), self._server, pool=reflection_pool()
+        )
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise StartupError(f"gRPC: cannot bind {address} (GELU_GRPC_PORT): {exc}") from None
+
+    async def start(self) -> None:
+        """Serve, reporting SERVING for the server and the inference service (NOT_SERVING
+        from the moment the core drains)."""
+        await self._server.start()
+        await self.set_serving(True)
+        loop = asyncio.get_running_loop()
+        self.plane.on_drain(
+            lambda: loop.call_soon_threadsafe(loop.create_task, self.set_serving(False))
+        )
+        logger.info("gRPC: %s on %s", SERVICE, self.address)
+
+    async def set_serving(self, serving: bool) -> None:
+        """What gRPC health checks report (NOT_SERVING while draining)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
+        for name in ("", SERVICE):
+            await self._health.set(name, status)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Refuse new calls, let those in flight finish within ``grace_seconds``."""
+        await self.set_serving(False)
+        await self._server.stop(grace_seconds)

@@ -1,0 +1,320 @@
+"""The gRPC face against a real `gelu-serve serve`: tritonclient.grpc, kserve's gRPC client,
+grpcurl through reflection, gRPC health checking, our own stub with typed contents; the same
+answers as HTTP, bit for bit, and batches shared with HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from service.grpc import inference_pb2 as pb
+from service.grpc import inference_pb2_grpc as pb_grpc
+from tests.helpers import DIGITS
+from tests.service.rest.test_limits import running
+from tests.service.rest.test_server import free_port
+from tests.service.rest.test_v2 import binary_request
+
+pytestmark = pytest.mark.slow  # real server processes
+GRPCURL = str(Path(sys.executable).parent / "grpcurl")
+
+
+class Server:
+    def __init__(self, http_port: int, grpc_port: int, process: subprocess.Popen[str]) -> None:
+        self.http_port, self.grpc_port, self.process = http_port, grpc_port, process
+        self.address = f"127.0.0.1:{grpc_port}"
+
+    def stub(self) -> pb_grpc.GRPCInferenceServiceStub:
+        return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.address))
+
+    def http_post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        connection.request("POST", path, body, headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+
+
+def grpc_server(repository: Path, **env: str) -> Iterator[Server]:
+    grpc_port = free_port()
+    settings = {"GELU_GRPC_PORT": str(grpc_port), "GELU_MAX_BODY_BYTES": str(1 << 20), **env}
+    with running(repository, **settings) as (port, process):
+        yield Server(port, grpc_port, process)
+
+
+@pytest.fixture(scope="module")
+def server(model_repository: Path) -> Iterator[Server]:
+    # Explicit mode with every model loaded, so the repository methods can be exercised.
+    yield from grpc_server(
+        model_repository, GELU_MODEL_CONTROL_MODE="explicit", GELU_LOAD_MODELS="*"
+    )
+
+
+def test_tritonclient_every_method(server: Server) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(server.address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits-mlp") and client.is_model_ready("digits-mlp", "1")
+    assert not client.is_model_ready("nope")
+    metadata = client.get_server_metadata(as_json=True)
+    assert metadata["name"] == "gelu-serve" and "classification" in metadata["extensions"]
+    model = client.get_model_metadata("digits-mlp", as_json=True)
+    assert model["versions"] == ["1", "2"]
+    assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "64"]}]
+    config = client.get_model_config("digits-mlp", as_json=True)["config"]
+    assert config["max_batch_size"] == 256 and config["input"][0]["data_type"] == "TYPE_FP32"
+
+    x = DIGITS[:4]
+    tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    wanted = [grpcclient.InferRequestedOutput("probabilities"),
+              grpcclient.InferRequestedOutput("logits", class_count=3)]  # fmt: skip
+    result = client.infer("digits-mlp", [tensor], outputs=wanted, request_id="r1")
+    assert result.get_response().id == "r1" and result.get_response().model_version == "2"
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (4, 10)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1, rtol=1e-5)
+    top = result.as_numpy("logits")
+    assert top.shape == (4, 3) and top[0, 0].decode().count(":") == 2
+
+    stats = client.get_inference_statistics("digits-mlp", "2", as_json=True)["model_stats"]
+    assert int(stats[0]["inference_count"]) >= 4
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert {"name": "digits-mlp", "version": "2", "state": "READY"} in index
+    client.unload_model("digits-mlp-tanh")
+    assert not client.is_model_ready("digits-mlp-tanh")
+    client.load_model("digits-mlp-tanh")
+    assert client.is_model_ready("digits-mlp-tanh")
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.infer("nope", [tensor])
+
+
+def typed_request(x: np.ndarray, model: str = "digits-mlp") -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=x.shape)
+    tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    return request
+
+
+def raw_request(x: np.ndarray, model: str = "digits-mlp") -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="input", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.astype("<f4").tobytes())
+    return request
+
+
+def test_typed_and_raw_contents_answer_in_kind_and_agree(server: Server) -> None:
+    stub, x = server.stub(), DIGITS[:3]
+    typed = stub.ModelInfer(typed_request(x))
+    raw = stub.ModelInfer(raw_request(x))
+    assert not typed.raw_output_contents and len(raw.raw_output_contents) == 2
+    for i, output in enumerate(typed.outputs):
+        assert raw.outputs[i].name == output.name and list(output.shape) == [3, 10]
+        from_raw = np.frombuffer(raw.raw_output_contents[i], "<f4")
+        np.testing.assert_array_equal(np.array(output.contents.fp32_contents, "<f4"), from_raw)
+
+
+def test_grpc_and_http_answers_are_bit_identical(server: Server) -> None:
+    x = DIGITS[5:13]
+    raw = server.stub().ModelInfer(raw_request(x))
+    content, headers = binary_request(
+        x, [{"name": o.name, "parameters": {"binary_data": True}} for o in raw.outputs]
+    )
+    status, body = server.http_post("/v2/models/digits-mlp/infer", content, headers)
+    assert status == 200
+    header_end = body.index(b"]}") + 2  # the JSON header, then each output's bytes
+    assert body[header_end:] == b"".join(raw.raw_output_contents)
+    header = json.loads(body[:header_end])
+    assert [o["name"] for o in header["outputs"]] == [o.name for o in raw.outputs]
+
+
+KSERVE_CLIENT = """
+import asyncio, sys
+import numpy as np
+from kserve import InferenceGRPCClient, InferInput, InferRequest
+
+async def main(address):
+    client = InferenceGRPCClient(address)
+    try:
+        assert await client.is_server_live() and await client.is_server_ready()
+        assert await client.is_model_ready("digits-mlp")
+        x = np.asarray(eval(sys.argv[2]), dtype=np.float32)
+        tensor = InferInput("input", list(x.shape), "FP32", data=x)
+        response = await client.infer(InferRequest("digits-mlp", [tensor], request_id="k1"))
+        assert response.id == "k1", response.id
+        probabilities = next(o for o in response.outputs if o.name == "probabilities")
+        print(probabilities.as_numpy().tolist())
+    finally:
+        await client.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_kserve_grpc_client(server: Server) -> None:
+    """kserve's InferenceGRPCClient, unmodified (in its own process: kserve and tritonclient
+    both register the protocol's names in protobuf's default pool)."""
+    x = DIGITS[:2]
+    done = subprocess.run(
+        [sys.executable, "-c", KSERVE_CLIENT, server.address, repr(x.tolist())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    probabilities = np.array(json.loads(done.stdout), dtype=np.float32)
+    expected = server.stub().ModelInfer(raw_request(x))
+    index = [o.name for o in expected.outputs].index("probabilities")
+    np.testing.assert_array_equal(
+        probabilities.ravel(), np.frombuffer(expected.raw_output_contents[index], "<f4")
+    )
+
+
+def test_grpcurl_through_reflection(server: Server) -> None:
+    def grpcurl(*args: str) -> str:
+        done = subprocess.run(
+            [GRPCURL, "-plaintext", *args], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    services = grpcurl(server.address, "list").split()
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(services)
+    assert "rpc ModelInfer" in grpcurl(server.address, "describe", "inference.GRPCInferenceService")
+    assert json.loads(grpcurl(server.address, "grpc.health.v1.Health/Check")) == {
+        "status": "SERVING"
+    }
+    body = {
+        "model_name": "digits-mlp",
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                    "contents": {"fp32_contents": DIGITS[0].tolist()}}],
+    }  # fmt: skip
+    answer = json.loads(
+        grpcurl("-d", json.dumps(body), server.address, "inference.GRPCInferenceService/ModelInfer")
+    )
+    probabilities = next(o for o in answer["outputs"] if o["name"] == "probabilities")
+    contents = probabilities["contents"]  # grpcurl prints proto names or JSON names
+    assert len(contents.get("fp32_contents", contents.get("fp32Contents", []))) == 10
+
+
+BAD = [
+    (lambda: pb.ModelInferRequest(model_name="nope"), grpc.StatusCode.NOT_FOUND, "unknown model"),
+    (lambda: typed_request(DIGITS[:1, :10]), grpc.StatusCode.INVALID_ARGUMENT, "does not match"),
+    (lambda: _with(typed_request(DIGITS[:2]), shape=[3, 64]), grpc.StatusCode.INVALID_ARGUMENT,
+     "contents hold 128 values but shape [3, 64] needs 192"),
+    (lambda: _with(raw_request(DIGITS[:2]), datatype="FP64"), grpc.StatusCode.INVALID_ARGUMENT,
+     "bytes of data"),
+    (lambda: _with(typed_request(DIGITS[:1]), datatype="BANANA"),
+     grpc.StatusCode.INVALID_ARGUMENT, "datatype 'BANANA'"),
+    (lambda: _raw_count(raw_request(DIGITS[:1])), grpc.StatusCode.INVALID_ARGUMENT,
+     "raw_input_contents holds 2 entries for 1 inputs"),
+    (lambda: _param(typed_request(DIGITS[:1]), "priority", 1), grpc.StatusCode.INVALID_ARGUMENT,
+     "'priority' is not supported"),
+    (lambda: _param(typed_request(DIGITS[:1]), "timeout", -1), grpc.StatusCode.INVALID_ARGUMENT,
+     "'timeout' must be an integer"),
+    (lambda: typed_request(DIGITS[:300]), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     "above the maximum of 256"),
+    (lambda: raw_request(np.zeros((8192, 64), np.float32)), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     "larger than max"),
+    (lambda: _with(typed_request(DIGITS[:1]), shape=[1] * 40), grpc.StatusCode.INVALID_ARGUMENT,
+     "at most 32"),
+]  # fmt: skip
+
+
+def _with(request: pb.ModelInferRequest, **changes) -> pb.ModelInferRequest:
+    tensor = request.inputs[0]
+    if "shape" in changes:
+        del tensor.shape[:]
+        tensor.shape.extend(changes["shape"])
+    if "datatype" in changes:
+        tensor.datatype = changes["datatype"]
+    return request
+
+
+def _raw_count(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    request.raw_input_contents.append(b"")
+    return request
+
+
+def _param(request: pb.ModelInferRequest, key: str, value: int) -> pb.ModelInferRequest:
+    request.parameters[key].int64_param = value
+    return request
+
+
+@pytest.mark.parametrize(("build", "code", "needle"), BAD)
+def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
+    server: Server, build, code, needle: str
+) -> None:
+    stub = server.stub()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelInfer(build())
+    assert caught.value.code() == code, caught.value.details()
+    assert needle in caught.value.details()
+    assert stub.ServerLive(pb.ServerLiveRequest()).live
+    assert len(stub.ModelInfer(raw_request(DIGITS[:1])).raw_output_contents) == 2
+
+
+def test_unimplemented_methods_say_so(server: Server) -> None:
+    channel = grpc.insecure_channel(server.address)
+    method = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryStatus")
+    with pytest.raises(grpc.RpcError) as caught:
+        method(b"")
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_metrics_count_grpc_calls(server: Server) -> None:
+    server.stub().ModelInfer(raw_request(DIGITS[:1]))
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    connection.request("GET", "/metrics")
+    metrics = connection.getresponse().read().decode()
+    lines = [line for line in metrics.splitlines() if 'endpoint="grpc:ModelInfer"' in line]
+    assert any('model="digits-mlp"' in x and 'version="2"' in x and 'code="200"' in x
+               for x in lines)  # fmt: skip
+    assert any('model=""' in x and 'code="404"' in x for x in lines)  # "nope" is no label
+
+
+def test_http_and_grpc_requests_share_batches(model_repository: Path) -> None:
+    """With batches on a worker thread and a 300 ms queue delay, one HTTP and one gRPC request
+    sent together run as one batch of two (the statistics say so)."""
+    env = {"GELU_INLINE_MAX_US": "0", "GELU_MAX_QUEUE_DELAY_US": "300000"}
+    for server in grpc_server(model_repository, **env):
+        x = DIGITS[:1]
+        content, headers = binary_request(x)
+        threads = [
+            threading.Thread(target=server.stub().ModelInfer, args=(raw_request(x),)),
+            threading.Thread(
+                target=server.http_post,
+                args=("/v2/models/digits-mlp/infer", content, headers),
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = server.stub().ModelStatistics(pb.ModelStatisticsRequest(name="digits-mlp"))
+        (latest,) = [s for s in stats.model_stats if s.version == "2"]
+        assert (latest.inference_count, latest.execution_count) == (2, 1)  # one run for both
+        assert [b.batch_size for b in latest.batch_stats] == [2]
+
+
+def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    for server in grpc_server(model_repository, GELU_DRAIN_SECONDS="3"):
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.address))
+        check = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
+        assert health.Check(check).status == health_pb2.HealthCheckResponse.SERVING
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert len(server.stub().ModelInfer(raw_request(DIGITS[:1])).outputs) == 2  # serving
+        assert server.process.wait(timeout=30) == 0
