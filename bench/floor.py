@@ -24,3 +24,32 @@ def create_app() -> FastAPI:
         return Response(await request.body(), media_type="application/octet-stream")
 
     return app
+
+
+# The gRPC floor: grpcio's asyncio server answering every call with constant bytes, no model.
+GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+async def serve_grpc(port: int) -> None:
+    """``python -m bench.floor PORT``: the gRPC floor on 127.0.0.1:PORT until killed."""
+    import grpc
+
+    async def constant(request: bytes, context: object) -> bytes:
+        return BODY
+
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService",
+        {"ModelInfer": grpc.unary_unary_rpc_method_handler(constant)},
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    import asyncio
+    import sys
+
+    asyncio.run(serve_grpc(int(sys.argv[1])))

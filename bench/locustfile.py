@@ -162,3 +162,64 @@ class InferenceUser(FastHttpUser):
         ) as r:
             if r.status_code != 200 or len(r.content) != len(ACTIVATION_BODY):
                 r.failure(f"{r.status_code}: {r.content[:200]!r}")
+
+
+# ---- gRPC ---------------------------------------------------------------------------------------
+# With GELU_LOADTEST_GRPC=host:port (the service's GELU_GRPC_PORT), a second kind of user calls
+# ModelInfer over gRPC with raw tensor contents; it needs grpcio and this project's generated
+# protocol module (service.grpc), so it exists only when asked for.
+GRPC_ADDRESS = os.environ.get("GELU_LOADTEST_GRPC")
+
+if GRPC_ADDRESS:
+    import time
+
+    import grpc
+    import grpc.experimental.gevent as grpc_gevent
+    from locust import User
+
+    from service.grpc import inference_pb2 as pb
+
+    grpc_gevent.init_gevent()  # grpcio must cooperate with locust's gevent
+
+    def _grpc_request(row: list[float]) -> bytes:
+        request = pb.ModelInferRequest(model_name=MODEL)
+        request.inputs.add(name="input", datatype="FP32", shape=[1, len(row)])
+        request.raw_input_contents.append(struct.pack(f"<{len(row)}f", *row))
+        request.outputs.add(name="probabilities")
+        return request.SerializeToString()
+
+    GRPC_BODIES = [_grpc_request(row) for row in DIGITS]
+
+    class GrpcInferenceUser(User):
+        """ModelInfer over gRPC; a status other than OK, or an answer without 10
+        probabilities, counts as a failure."""
+
+        wait_time = between(0.0, 0.01)
+
+        def on_start(self) -> None:
+            self.channel = grpc.insecure_channel(GRPC_ADDRESS)
+            self.infer = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+        def on_stop(self) -> None:
+            self.channel.close()
+
+        @task
+        def grpc_infer(self) -> None:
+            began, error, length = time.perf_counter(), None, 0
+            try:
+                answer = pb.ModelInferResponse.FromString(
+                    self.infer(random.choice(GRPC_BODIES), timeout=10)
+                )
+                length = answer.ByteSize()
+                if len(answer.raw_output_contents[0]) != 40:
+                    raise ValueError(f"unexpected answer: {answer}")
+            except (grpc.RpcError, ValueError, IndexError) as exc:
+                error = exc
+            self.environment.events.request.fire(
+                request_type="grpc",
+                name="ModelInfer [model]",
+                response_time=(time.perf_counter() - began) * 1000,
+                response_length=length,
+                exception=error,
+                context={},
+            )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import http.client
 import json
 import os
@@ -33,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.floor import GRPC_METHOD
+from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, pin_tree
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
@@ -46,6 +49,7 @@ TARGET_FLOOR_RATIO = 0.85  # small model, c=64, one process: each protocol again
 TARGET_TAIL_VS_FLOOR = 2.0  # its p99 against the floor's p99
 TARGET_NAIVE_RATIO = 2.5  # V1 against the naive app, c=64, one process and two
 SERVICE_APP = "service.rest.app:create_app"
+GRPC_PREFIX = "grpc:"  # a Request whose path starts so is a gRPC call of that method
 TARGET_WORKERS_GAIN = 1.8  # two workers on two cores against one on one
 TARGET_BATCHING_GAIN = 4.0  # larger model, c=64: batching on against off
 TARGET_ACTIVATION_RATIO = 0.8  # 1e6 float32 binary against the 4 MB echo, c=1 and c=4
@@ -88,6 +92,7 @@ class Server:
     url: str
     pid: int
     cpus: set[int]
+    grpc: str | None = None  # host:port of its gRPC face, if it has one
 
 
 @contextmanager
@@ -101,11 +106,47 @@ def server(
         sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(port),
         "--workers", str(workers), "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
+    grpc_address = None
     if app == SERVICE_APP:
         command = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
         command += ["--workers", str(workers)]
+        grpc_port = _free_port()
+        env = {**env, "GELU_GRPC_PORT": str(grpc_port)}
+        grpc_address = f"127.0.0.1:{grpc_port}"
     with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
-        yield started
+        yield dataclasses.replace(started, grpc=grpc_address)
+
+
+@contextmanager
+def grpc_floor(cpus: str) -> Iterator[Server]:
+    """``bench.floor``'s gRPC floor on ``cpus``, answering (every thread pinned there)."""
+    import grpc
+
+    port = _free_port()
+    command = ["taskset", "-c", cpus, sys.executable, "-m", "bench.floor", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT)
+    address = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        pinned = cpu_list(cpus)
+        pin_tree(process.pid, pinned)
+        yield Server("", process.pid, pinned, address)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def drive(
+    target: Server, request: Request, connections: int, seconds: float, cpu: int | None
+) -> dict[str, Any]:
+    """One point of load on ``target``: wrk for HTTP, ``bench.grpc_load`` for gRPC requests
+    (their path is ``grpc:`` and the method)."""
+    if request.path.startswith(GRPC_PREFIX):
+        assert target.grpc is not None, "a gRPC request to a server without gRPC"
+        method = request.path.removeprefix(GRPC_PREFIX)
+        return run_grpc(target.grpc, method, request.body, connections, seconds, cpu)
+    return run_wrk(target.url, request, connections, seconds, cpu)
 
 
 @contextmanager
@@ -174,7 +215,7 @@ def measure(
         threads = check_pinned(target.pid, target.cpus)
         meter = UsageMeter(target.pid)
         meter.start()
-        row = run_wrk(target.url, request, connections, seconds, client_cpu)
+        row = drive(target, request, connections, seconds, client_cpu)
         usage = meter.stop()
         row.update(
             server_cores=usage.server_cores,
@@ -201,7 +242,12 @@ def sample_inputs(n_features: int) -> np.ndarray:
 
 
 def requests_for(model: str, x: np.ndarray) -> dict[str, Request]:
-    """V1 JSON, V2 JSON and V2 binary requests carrying ``x``."""
+    """V1 JSON, V2 JSON, V2 binary and V2 gRPC (raw contents) requests carrying ``x``."""
+    from service.grpc import inference_pb2 as pb
+
+    grpc_request = pb.ModelInferRequest(model_name=model)
+    grpc_request.inputs.add(name="input", datatype="FP32", shape=x.shape)
+    grpc_request.raw_input_contents.append(x.astype("<f4").tobytes())
     json_headers = {"Content-Type": "application/json"}
     v2_input = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
     header = json.dumps(
@@ -229,6 +275,7 @@ def requests_for(model: str, x: np.ndarray) -> dict[str, Request]:
                 "Inference-Header-Content-Length": str(len(header)),
             },
         ),
+        "grpc": Request(GRPC_PREFIX + GRPC_METHOD, grpc_request.SerializeToString(), {}),
     }
 
 
@@ -420,9 +467,14 @@ def run(args: argparse.Namespace) -> Results:
         server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
         server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
         server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as off,
+        grpc_floor(cpus) as floor_grpc,
     ):
         floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
-        scenarios = [("http floor", floor, floor_request), ("naive app", naive, small["v1"])]
+        scenarios = [
+            ("http floor", floor, floor_request),
+            ("grpc floor", floor_grpc, small["grpc"]),
+            ("naive app", naive, small["v1"]),
+        ]
         if others:
             bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
             scenarios += [
@@ -439,7 +491,7 @@ def run(args: argparse.Namespace) -> Results:
         warmed: set[str] = set()
         for _, target, request in scenarios:  # one unrecorded second per server first
             if target.url not in warmed:
-                run_wrk(target.url, request, 8, 1, args.client_cpu)
+                drive(target, request, 8, 1, args.client_cpu)
                 warmed.add(target.url)
         for c in concurrencies:
             for name, target, request in scenarios:
@@ -523,6 +575,11 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
           results.rps(f"{PEER_MLSERVER} v2-json", top), TARGET_PEER_RATIO, " req/s")  # fmt: skip
     ratio(f"v1 at c={top} against {PEER_BENTOML} (no target)", v1, results.rps(PEER_BENTOML, top),
           0.0, " req/s")  # fmt: skip
+    grpc = results.rps("grpc predict, batching on", top)
+    ratio(f"grpc at c={top} against the gRPC floor (no target)", grpc,
+          results.rps("grpc floor", top), 0.0, " req/s")  # fmt: skip
+    ratio(f"grpc at c={top} against v2-binary over HTTP (no target)", grpc,
+          results.rps("v2-binary predict, batching on", top), 0.0, " req/s")  # fmt: skip
     on = results.rps(f"{large} v2-binary, batching on", top)
     off = results.rps(f"{large} v2-binary, batching off", top)
     ratio(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off", on, off,

@@ -121,9 +121,7 @@ if ! timeout 60 docker pull -q "$BASE_IMAGE" >/dev/null 2>&1; then
 fi
 
 log "4. build from the Dockerfile, offline, from ./wheels"
-if [ -z "$(find wheels -name 'torch-*.whl' -print -quit)" ]; then
-    docker/fetch-wheels.sh wheels
-fi
+docker/fetch-wheels.sh wheels  # what is already there is kept; new dependencies are added
 start=$(date +%s)
 docker build -q --build-arg PIP_NO_INDEX=1 --target runtime -t "$IMAGE" . >/dev/null
 docker build -q --build-arg PIP_NO_INDEX=1 --target loadtest -t "$LOADTEST_IMAGE" . >/dev/null
@@ -140,7 +138,9 @@ sys.exit(f"serving image holds {bad}" if bad else 0)'
 
 log "5. run it, wait for healthy, ask it"
 port=$(free_port)
-docker run -d --name "$CONTAINER" -p "127.0.0.1:$port:8000" -e GELU_LOG_LEVEL=info "$IMAGE" >/dev/null
+grpc_port=$(free_port)
+docker run -d --name "$CONTAINER" -p "127.0.0.1:$port:8000" -p "127.0.0.1:$grpc_port:8001" \
+    -e GELU_LOG_LEVEL=info "$IMAGE" >/dev/null
 for _ in $(seq 120); do
     health=$(docker inspect --format '{{.State.Health.Status}}' "$CONTAINER")
     [ "$health" = healthy ] && break
@@ -171,6 +171,16 @@ r = json.load(sys.stdin)
 want = [x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in (-1.0, 0.0, 1.0)]
 assert all(abs(a - b) < 1e-6 for a, b in zip(r["data"], want)), r
 print("activation: gelu(-1, 0, 1) =", r["data"])'
+.venv/bin/python - "127.0.0.1:$grpc_port" <<'PY'
+import sys
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+channel = grpc.insecure_channel(sys.argv[1])
+check = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
+status = health_pb2_grpc.HealthStub(channel).Check(check, timeout=10).status
+assert status == health_pb2.HealthCheckResponse.SERVING, status
+print("gRPC: health SERVING on the published port")
+PY
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url/v1/models/digits-mlp:predict" -d '{"instances": [[1, 2]]}')
 [ "$code" = 400 ] || { echo "bad input answered $code, not 400"; exit 1; }
 docker stop -t 20 "$CONTAINER" >/dev/null
@@ -182,7 +192,7 @@ echo "SIGTERM: clean shutdown, exit code $exit_code"
 docker rm "$CONTAINER" >/dev/null
 
 log "6. docker-compose, loadtest profile"
-export GELU_PORT=127.0.0.1:$(free_port) LOADTEST_USERS=8 LOADTEST_RUN_TIME=10s
+export GELU_PORT=127.0.0.1:$(free_port) GELU_GRPC_PUBLISH=127.0.0.1:$(free_port) LOADTEST_USERS=8 LOADTEST_RUN_TIME=10s
 set +e
 timeout 300 docker-compose -p "$PROJECT" --profile loadtest up --no-build \
     --exit-code-from loadtest loadtest >"$RUN/compose.log" 2>&1

@@ -26,7 +26,11 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     scenarios = {row["scenario"] for row in report["http"]}
     assert {"http floor", "naive app", "v1 predict, batching on", "v2-binary predict, batching on",
-            "v1 predict, batching off", "v2-binary predict, batching off"} <= scenarios  # fmt: skip
+            "v1 predict, batching off", "v2-binary predict, batching off", "grpc floor",
+            "grpc predict, batching on", "grpc predict, batching off"} <= scenarios  # fmt: skip
+    for row in report["http"]:
+        if row["scenario"].startswith("grpc"):  # its client measured itself: not saturated
+            assert 0 < row["client_cores"] < 1.0, row
     for row in report["http"] + report["activations"]:
         assert row["errors"] == 0, row
         assert row["requests"] > 0 and row["rps"] > 0

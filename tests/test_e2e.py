@@ -51,15 +51,16 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60) -> Non
 
 
 @contextmanager
-def serving(trained_repository: Path, *args: str) -> Iterator[int]:
-    """``gelu-serve serve`` in its own process, stopped with SIGTERM."""
+def serving(trained_repository: Path, *args: str, grpc_port: int = 0) -> Iterator[int]:
+    """``gelu-serve serve`` in its own process (with its gRPC face on ``grpc_port``, if any),
+    stopped with SIGTERM."""
     port = free_port()
     env = {
         **os.environ,
         "GELU_MODEL_REPOSITORY": str(trained_repository),
         "GELU_WARMUP_RUNS": "1",
         "GELU_DRAIN_SECONDS": "0",  # test_limits.py holds the drain
-        "GELU_GRPC_PORT": "0",  # tests/service/grpc/ hold the gRPC face
+        "GELU_GRPC_PORT": str(grpc_port),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     process = subprocess.Popen(
@@ -79,8 +80,13 @@ def serving(trained_repository: Path, *args: str) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def server(trained_repository: Path) -> Iterator[int]:
-    with serving(trained_repository) as port:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(trained_repository: Path, grpc_port: int) -> Iterator[int]:
+    with serving(trained_repository, grpc_port=grpc_port) as port:
         yield port
 
 
@@ -302,14 +308,15 @@ def test_readme_python_example_works_as_written(server: int) -> None:
     assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-4), result.stdout
 
 
-def test_locust_headless_run_sees_no_failures(server: int, tmp_path: Path) -> None:
+def test_locust_headless_run_sees_no_failures(server: int, grpc_port: int, tmp_path: Path) -> None:
     if importlib.util.find_spec("locust") is None:  # importing it here would monkey-patch pytest
         pytest.skip("locust missing: the [bench] extra installs it")
+    env = {**os.environ, "GELU_LOADTEST_GRPC": f"127.0.0.1:{grpc_port}", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py"),
          "--headless", "--users", "4", "--spawn-rate", "4", "--run-time", "3s",
          "--host", f"http://127.0.0.1:{server}", "--csv", str(tmp_path / "run"), "--only-summary"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     stats = (tmp_path / "run_stats.csv").read_text().splitlines()
@@ -319,4 +326,4 @@ def test_locust_headless_run_sees_no_failures(server: int, tmp_path: Path) -> No
     assert int(total["Request Count"]) > 20 and int(total["Failure Count"]) == 0
     names = {r["Name"] for r in rows}
     assert {"/v1/models/[model]:predict", "/v2/models/[model]/infer binary",
-            "/v1/activations/gelu_tanh binary"} <= names  # fmt: skip
+            "/v1/activations/gelu_tanh binary", "ModelInfer [model]"} <= names  # fmt: skip

@@ -318,3 +318,28 @@ def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
         assert health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING
         assert len(server.stub().ModelInfer(raw_request(DIGITS[:1])).outputs) == 2  # serving
         assert server.process.wait(timeout=30) == 0
+
+
+def test_readme_grpc_examples_work_as_written(server: Server) -> None:
+    """Each ```py block of the README and each grpcurl line, against the real server."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    local = "localhost:8001"
+    blocks = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) == 2 and all(local in b for b in blocks)
+    for block in blocks:
+        done = subprocess.run(
+            [sys.executable, "-c", block.replace(local, server.address)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        numbers = re.findall(r"\d+\.\d+(?:e[-+]?\d+)?", done.stdout)
+        assert np.allclose(np.array(numbers, float).reshape(2, 10).sum(axis=1), 1, atol=1e-4)
+    shell = "\n".join(re.findall(r"```shell\n(.*?)```", readme, flags=re.S))
+    lines = [line for line in shell.splitlines() if line.startswith("grpcurl ")]
+    assert len(lines) == 4
+    for line in lines:
+        command = line.replace(local, server.address).replace("grpcurl", GRPCURL, 1)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (line, done.stderr)

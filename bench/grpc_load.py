@@ -1,0 +1,97 @@
+"""Drive one gRPC method: ``c`` calls in flight on one HTTP/2 channel, for a while, from its own
+process (pinned like wrk); its figures come back as the JSON of ``bench.wrk.run_wrk``.
+
+A small grpcio asyncio client rather than ghz (npm holds only a placeholder, and no registry
+here serves its binary): requests are serialized once and sent as bytes, responses kept as
+bytes, so the client spends its time on the calls themselves. Against ``bench.floor``'s gRPC
+floor (a constant answer) it runs several times faster than any gRPC point of the service, so
+it is not what limits them; ``make bench`` records that floor beside them.
+
+``python -m bench.grpc_load ADDRESS METHOD BODY_FILE CONCURRENCY SECONDS``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+
+async def drive(address: str, method: str, body: bytes, concurrency: int, seconds: float) -> dict:
+    """Calls back to back from ``concurrency`` tasks; latencies and errors."""
+    latencies: list[float] = []
+    errors = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(method)  # bytes in, bytes out: no (de)serialization
+        deadline = time.perf_counter() + seconds
+
+        async def user() -> None:
+            nonlocal errors
+            while (began := time.perf_counter()) < deadline:
+                try:
+                    await call(body, timeout=10)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                latencies.append(time.perf_counter() - began)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+
+    def percentile(q: float) -> float:
+        if not latencies:
+            return 0.0
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+
+    return {
+        "requests": len(latencies),
+        "request_bytes": len(body),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": percentile(0.50),
+        "p99_ms": percentile(0.99),
+        "errors": errors,
+    }
+
+
+def run_grpc(
+    address: str, method: str, body: bytes, concurrency: int, seconds: float, cpu: int | None
+) -> dict[str, Any]:
+    """One point, from a process of its own (pinned to ``cpu``), as ``run_wrk`` reports it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "body"
+        path.write_bytes(body)
+        command = [sys.executable, "-m", "bench.grpc_load", address, method, str(path),
+                   str(concurrency), str(seconds)]  # fmt: skip
+        if cpu is not None:
+            command = ["taskset", "-c", str(cpu), *command]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        output = subprocess.run(
+            command, capture_output=True, text=True, timeout=seconds + 60, check=True
+        ).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result: dict[str, Any] = json.loads(output)
+    # The client's own CPU over the point (its start-up included): near 1 would mean the
+    # client, not the server, set the pace.
+    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    result["client_cores"] = used / max(seconds, 1e-9)
+    return result
+
+
+def main() -> None:
+    address, method, body_file, concurrency, seconds = sys.argv[1:6]
+    body = Path(body_file).read_bytes()
+    result = asyncio.run(drive(address, method, body, int(concurrency), float(seconds)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
