@@ -1,17 +1,81 @@
-"""The service on Ray Serve: ``serve run deploy/ray/serve.yaml`` (or ``serve deploy``).
+"""The service on Ray Serve: ``serve deploy deploy/ray/serve.yaml`` (or ``serve run``).
 
 Each replica builds the service's own HTTP app (``service.rest.app.create_app``) from the
 ``GELU_*`` variables of its runtime environment, with its serving core: the same routes,
 codecs, batcher, limits and errors as ``gelu-serve serve``, behind Ray's HTTP proxy.
+
+Ray's gRPC proxy (``grpc_options`` in the config) calls a replica's methods by the names of
+the protocol's (``ModelInfer``, ...), with the decoded request: each is the gRPC face's own
+method (``service.grpc.server.InferenceServicer``) over the replica's core, its errors set on
+Ray's gRPC context. So HTTP and gRPC clients reach every replica, and their requests batch
+together there, as in one process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
 from ray import serve
 
+from service.grpc import inference_pb2 as pb
+from service.grpc.server import SERVICE, InferenceServicer
 from service.rest.app import create_app
 
-# The app is built in each replica when it starts (Ray calls the builder there), never in
-# the process that deploys: the settings are the replica's, from the config's runtime_env.
-GeluServe = serve.deployment(name="gelu-serve")(serve.ingress(create_app)())
-app = GeluServe.bind()
+METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+
+
+class _Aborted(Exception):
+    """The servicer ended the call with a status (set on Ray's context)."""
+
+
+class _RayContext:
+    """What ``InferenceServicer`` needs of a gRPC context, on Ray's: ``abort`` sets the
+    status and details Ray's proxy answers with; metadata is the call's."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self._context.set_code(code)
+        self._context.set_details(details)
+        raise _Aborted(details)
+
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
+
+def _grpc_method(name: str, empty: type) -> Callable[..., Awaitable[Any]]:
+    """A replica method that Ray's gRPC proxy calls for the protocol's method ``name``."""
+
+    async def call(self: Any, request: Any, grpc_context: Any = None) -> Any:
+        try:
+            return await getattr(self.servicer, name)(request, _RayContext(grpc_context))
+        except _Aborted:
+            return empty()  # Ray answers with the status set on its context
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{SERVICE}/{name} through Ray's gRPC proxy."
+    return call
+
+
+# The app is built in each replica when it starts (Ray calls the builder there), never in the
+# process that deploys: the settings are the replica's, from the config's runtime_env.
+class GeluServe(serve.ingress(create_app)()):  # type: ignore[misc]
+    """A replica: the HTTP app, and the gRPC protocol's methods over the same core."""
+
+    _servicer: InferenceServicer | None = None
+
+    @property
+    def servicer(self) -> InferenceServicer:
+        if self._servicer is None:
+            self._servicer = InferenceServicer(self.app.state.dataplane)
+        return self._servicer
+
+
+for _method in METHODS:
+    _response = getattr(pb, _method.output_type.name)
+    setattr(GeluServe, _method.name, _grpc_method(_method.name, _response))
+
+app = serve.deployment(name="gelu-serve")(GeluServe).bind()

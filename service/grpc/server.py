@@ -163,9 +163,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- inference -------------------------------------------------------------------------------
 
     async def _infer(self, request: Any) -> pb.ModelInferResponse:
-        decoded, raw = codec.decode_infer(request)
-        result = await self.plane.infer(request.model_name, request.model_version or None, decoded)
-        return codec.encode_infer(result, raw)
+        plane, size = self.plane, request.ByteSize()  # large ones decode off the loop
+        decoded, raw = await plane.codec(size, codec.decode_infer, request)
+        result = await plane.infer(request.model_name, request.model_version or None, decoded)
+        response: pb.ModelInferResponse = await plane.codec(size, codec.encode_infer, result, raw)
+        return response
 
     # ---- Triton's extensions ---------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class Cluster:
     dashboard: str
     http_port: int
     metrics_ports: list[int]
+    grpc_port: int = 0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     up_seconds: float = 0.0
 
@@ -121,7 +122,7 @@ def cluster() -> Iterator[Cluster]:
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths
     gcs, dashboard = free_port(), free_port()
     metrics = [free_port(), free_port()]
-    started = Cluster(f"http://127.0.0.1:{dashboard}", free_port(), metrics)
+    started = Cluster(f"http://127.0.0.1:{dashboard}", free_port(), metrics, free_port())
     try:
         began = time.monotonic()
         started.processes.append(
@@ -163,11 +164,12 @@ def alive_nodes(dashboard: str) -> list[str]:
         return []
 
 
-def serve_config(repository: Path, http_port: int) -> dict:
-    """The shipped deploy/ray/serve.yaml, pointed at the test's repository and port, with
+def serve_config(repository: Path, http_port: int, grpc_port: int) -> dict:
+    """The shipped deploy/ray/serve.yaml, pointed at the test's repository and ports, with
     delays short enough for a test."""
     config = yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
     config["http_options"]["port"] = http_port
+    config["grpc_options"]["port"] = grpc_port
     (application,) = config["applications"]
     application["runtime_env"]["env_vars"].update(
         GELU_MODEL_REPOSITORY=str(repository),
@@ -322,7 +324,9 @@ def test_the_service_on_a_two_node_ray_cluster(
     repository = tmp_path / "repository"
     shutil.copytree(model_repository, repository)
     config = tmp_path / "serve.yaml"
-    config.write_text(yaml.safe_dump(serve_config(repository, cluster.http_port)))
+    config.write_text(
+        yaml.safe_dump(serve_config(repository, cluster.http_port, cluster.grpc_port))
+    )
     began = time.monotonic()
     subprocess.run(
         [str(BIN / "serve"), "deploy", str(config), "--address", cluster.dashboard],
@@ -356,6 +360,20 @@ def test_the_service_on_a_two_node_ray_cluster(
     np.testing.assert_array_equal(np.array(probabilities["data"], np.float32), expected.ravel())
     status, bad = client.post("/v1/models/digits-mlp:predict", {"instances": [[1, 2]]})
     assert status == 400 and list(bad) == ["error"]
+
+    # gRPC through Ray's gRPC proxy, tritonclient unmodified: the same answer, the core's
+    # status codes.
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{cluster.grpc_port}")
+    assert grpc_client.is_server_live() and grpc_client.is_model_ready("digits-mlp")
+    tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    answer = grpc_client.infer("digits-mlp", [tensor]).as_numpy("probabilities")
+    np.testing.assert_array_equal(answer, expected)
+    with pytest.raises(InferenceServerException, match="NOT_FOUND"):
+        grpc_client.infer("nope", [tensor])
 
     # Under load, Ray scales from one replica to two, one on each node.
     assert len(cluster.replicas()) == 1
