@@ -667,7 +667,12 @@ def write_report(results: Results, out: Path) -> None:
     ]
     lines += [
         "",
-        "## HTTP, wrk",
+        "## Inference: HTTP driven by wrk, gRPC by `bench.grpc_load`",
+        "",
+        "The gRPC rows are ModelInfer with raw tensor contents, from a grpcio asyncio client of "
+        "our own in its own process on the client core (no gRPC load generator installs here); "
+        "`client_cores` in benchmarks.json is its CPU use, well under one core at every point, "
+        "so the server sets the pace.",
         "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
         "CPU µs per request | steal | attempts |",
