@@ -87,9 +87,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: float | None = None
         self._deadline_message = ""
         self._reading_headers = False
-        self._header_bytes = 0  # of the request line and headers parsed so far
         self._unparsed_bytes = 0  # received while the headers are incomplete
-        self._header_count = 0
         self._task: asyncio.Task[None] | None = None  # the current request's
 
     # ---- connection ----------------------------------------------------------------------------
@@ -162,28 +160,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_headers = True
-        self._header_bytes = self._unparsed_bytes = self._header_count = 0
+        self._unparsed_bytes = 0
         self._arm(self.limits.header_timeout_seconds, "headers", "GELU_HEADER_TIMEOUT_SECONDS")
 
-    def on_url(self, url: bytes) -> None:
-        self._count_header_bytes(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_headers:
-            raise _Refusal(431, f"more than {self.limits.max_headers} headers (GELU_MAX_HEADERS)")
-        self._count_header_bytes(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def _count_header_bytes(self, count: int) -> None:
-        self._header_bytes += count
-        if self._header_bytes > self.limits.max_header_bytes:
-            raise _Refusal(431, self._header_limit_message())
-
     def on_headers_complete(self) -> None:
+        # Counted once the headers are parsed, not per header (a Python call per header costs
+        # more than this pass); a flood of header bytes is bounded earlier, in data_received.
+        limits, headers = self.limits, self.headers
+        if len(headers) > limits.max_headers:
+            raise _Refusal(431, f"more than {limits.max_headers} headers (GELU_MAX_HEADERS)")
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in headers)
+        if size > limits.max_header_bytes:
+            raise _Refusal(431, self._header_limit_message())
         self._reading_headers = False
-        self._arm(self.limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
+        self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
