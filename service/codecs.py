@@ -202,6 +202,13 @@ def _int_parameter(parameters: dict[str, Any], key: str, what: str, minimum: int
     return value
 
 
+def check_datatype(datatype: Any, what: str) -> str:
+    """A declared datatype: one of the protocol's numeric names."""
+    if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
+        raise BadInputError(f"{what}: datatype {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
+    return datatype
+
+
 def check_shape(shape: Any, what: str) -> list[int]:
     """A declared shape: a list of at most MAX_DIMS integers in [0, MAX_DIM]."""
     if not (
@@ -224,9 +231,7 @@ def _v2_input(
     if not isinstance(name, str):
         raise BadInputError("each of 'inputs' needs a 'name' string")
     what = f"input {name!r}"
-    datatype = entry.get("datatype")
-    if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
-        raise BadInputError(f"{what}: datatype {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
+    datatype = check_datatype(entry.get("datatype"), what)
     shape = check_shape(entry.get("shape"), what)
     count = math.prod(shape)
     dtype = V2_TO_NUMPY[datatype]
@@ -352,13 +357,21 @@ def bytes_tensor(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def output_tensors(result: InferenceResult) -> list[tuple[str, np.ndarray, str]]:
+    """Each output's name, array and V2 datatype: the model's, or BYTES for a
+    classification's strings."""
+    datatypes = {t.name: t.datatype for t in result.model.outputs}
+    return [
+        (name, array, "BYTES" if array.dtype == object else datatypes[name])
+        for name, array in result.outputs.items()
+    ]
+
+
 def encode_v2(result: InferenceResult) -> tuple[bytes, dict[str, str]]:
     """The response body and headers; binary outputs follow the JSON header."""
-    datatypes = {t.name: t.datatype for t in result.model.outputs}
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, array in result.outputs.items():
-        datatype = "BYTES" if array.dtype == object else datatypes[name]  # classification
+    for name, array, datatype in output_tensors(result):
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if result.binary.get(name):
             blob = output_bytes(array)

@@ -6,6 +6,8 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -34,7 +36,7 @@ class Metrics:
             registry=registry,
         )  # fmt: skip
         self.failures = Counter(
-            "gelu_request_failures", "HTTP requests answered with 4xx or 5xx",
+            "gelu_request_failures", "Requests answered with 4xx or 5xx (gRPC: its equivalent)",
             ["endpoint", "model", "version", "code"], registry=registry,
         )  # fmt: skip
         self.latency = Histogram(
@@ -66,6 +68,30 @@ class Metrics:
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,
         )  # fmt: skip
+
+        # labels() takes a lock and builds a key on each call: each label set's children are
+        # looked up once and kept (label values are bounded: routes, served models, statuses).
+        self._request_children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
+
+    def observe_request(
+        self, endpoint: str, model: str, version: str, status: int, seconds: float
+    ) -> None:
+        """One answered request of any face: counted, a failure if ``status`` >= 400, timed."""
+        key = (endpoint, model, version, status)
+        children = self._request_children.get(key)
+        if children is None:
+            code = str(status)
+            children = (
+                self.requests.labels(endpoint, model, version, code),
+                self.failures.labels(endpoint, model, version, code) if status >= 400 else None,
+                self.latency.labels(endpoint, model, version),
+            )
+            self._request_children[key] = children
+        requests, failures, latency = children
+        requests.inc()
+        if failures is not None:
+            failures.inc()
+        latency.observe(seconds)
 
     def exposition(self) -> bytes:
         """The text format, aggregated over processes in multiprocess mode."""

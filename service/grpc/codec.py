@@ -62,9 +62,7 @@ def decode_infer(request: pb.ModelInferRequest) -> tuple[InferenceRequest, bool]
 
 def _input(tensor: Any, raw: bytes | None) -> RequestInput:
     what = f"input {tensor.name!r}"
-    datatype = tensor.datatype
-    if datatype not in V2_TO_NUMPY:
-        raise BadInputError(f"{what}: datatype {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
+    datatype = codecs.check_datatype(tensor.datatype, what)
     shape = codecs.check_shape(list(tensor.shape), what)
     if raw is not None:
         return RequestInput(codecs.raw_tensor(raw, shape, datatype, what), tensor.name, datatype)
@@ -85,12 +83,10 @@ def _input(tensor: Any, raw: bytes | None) -> RequestInput:
 
 def encode_infer(result: InferenceResult, raw: bool) -> pb.ModelInferResponse:
     """The response: each output raw (``raw``) or as typed contents."""
-    datatypes = {t.name: t.datatype for t in result.model.outputs}
     response = pb.ModelInferResponse(
         model_name=result.model.name, model_version=result.model.version, id=result.id or ""
     )
-    for name, array in result.outputs.items():
-        datatype = "BYTES" if array.dtype == object else datatypes[name]  # classification
+    for name, array, datatype in codecs.output_tensors(result):
         output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         if raw:
             response.raw_output_contents.append(codecs.output_bytes(array))

@@ -48,10 +48,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        metrics = plane.metrics
-        self._requests = metrics.requests
-        self._failures = metrics.failures
-        self._latency = metrics.latency
 
     async def _call(
         self,
@@ -82,11 +78,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             # A client's string never becomes a label: only the repository's model names.
             label = model if model and self.plane.knows_model(model) else ""
             version = version if label else ""
-            endpoint, code = f"grpc:{method}", str(status)
-            self._requests.labels(endpoint, label, version, code).inc()
-            if status >= 400:
-                self._failures.labels(endpoint, label, version, code).inc()
-            self._latency.labels(endpoint, label, version).observe(time.perf_counter() - began)
+            seconds = time.perf_counter() - began
+            self.plane.metrics.observe_request(f"grpc:{method}", label, version, status, seconds)
 
     # The protocol's methods (grpcio's names); each is the core call below it, through _call.
 

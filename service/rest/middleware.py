@@ -256,27 +256,6 @@ class MetricsMiddleware:
         self.app = app
         self.metrics = metrics
         self.known = known  # only a model the repository holds becomes a label value
-        # labels() takes a lock and builds a key on each call; keep each label set's children.
-        self._children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
-
-    def _observe(
-        self, endpoint: str, model: str, version: str, status: int, seconds: float
-    ) -> None:
-        key = (endpoint, model, version, status)
-        children = self._children.get(key)
-        if children is None:
-            metrics, code = self.metrics, str(status)
-            children = (
-                metrics.requests.labels(endpoint, model, version, code),
-                metrics.failures.labels(endpoint, model, version, code) if status >= 400 else None,
-                metrics.latency.labels(endpoint, model, version),
-            )
-            self._children[key] = children
-        requests, failures, latency = children
-        requests.inc()
-        if failures is not None:
-            failures.inc()
-        latency.observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -307,4 +286,6 @@ class MetricsMiddleware:
             model = name if name and self.known(name) else ""
             # The version that served it, as the endpoint recorded (a repository's version).
             version = scope.get(SERVED_VERSION, "") if model else ""
-            self._observe(endpoint, model, version, status, time.perf_counter() - start)
+            self.metrics.observe_request(
+                endpoint, model, version, status, time.perf_counter() - start
+            )
