@@ -6,7 +6,7 @@ REPOSITORY ?= model_repository
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install tools models run serve test test-fast lint format typecheck pytest bench bench-peers loadtest protos clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers loadtest protos clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,18 @@ models: install
 	$(BIN)/gelu-serve models --repository $(REPOSITORY)
 
 run: models serve
+
+# The GELU paper's comparisons on Fashion-MNIST (Debian's dataset-fashion-mnist, installed here
+# when missing): about 15 minutes on 2 cores; PAPER_FLAGS=--full for the paper's 50 epochs.
+paper: install fashion-mnist
+	$(BIN)/gelu-serve paper --out docs/paper $(PAPER_FLAGS)
+
+# The activation kernels against a 50-digit reference: docs/accuracy.{md,png}.
+accuracy: install
+	$(BIN)/python -m bench.accuracy --out docs
+
+fashion-mnist:
+	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || true
 
 serve: install
 	GELU_MODEL_REPOSITORY=$(REPOSITORY) $(BIN)/gelu-serve serve --host $(HOST) --port $(PORT)
@@ -56,8 +68,7 @@ test-fast: install
 
 # The benchmark: wrk against real servers, written to docs/benchmarks.{md,json,png}. The larger
 # model needs Fashion-MNIST (Debian's dataset-fashion-mnist), installed here when missing.
-bench: install tools
-	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || true
+bench: install tools fashion-mnist
 	$(BIN)/gelu-serve bench --repository $(REPOSITORY) $(BENCH_FLAGS)
 
 # The same run with MLServer and BentoML beside it, each installed once into .bench-peers/.

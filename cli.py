@@ -1,4 +1,4 @@
-"""gelu-serve's command line: ``gelu-serve {train,export,models,serve,bench} --help``.
+"""gelu-serve's command line: ``gelu-serve {train,export,models,paper,serve,bench} --help``.
 
 Options are declared in torch-free modules and each subcommand's implementation is imported
 only when it runs, so ``serve`` works in a serving-only install (no torch) and ``--help`` never
@@ -76,6 +76,11 @@ SUBCOMMANDS = {
         "train and export the default models missing from the repository, print their table",
         "export.defaults:add_arguments",
         "export.defaults:run",
+    ),
+    "paper": Subcommand(
+        "rerun the GELU paper's classifier and autoencoder comparisons, with plots",
+        "models.paper:add_arguments",
+        "models.paper:run",
     ),
     "serve": Subcommand("serve the model repository over HTTP", "cli:serve_arguments", "cli:serve"),
     "bench": Subcommand(

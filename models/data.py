@@ -119,11 +119,16 @@ def _load_digits() -> Dataset:
     )
 
 
-def _load_mnist_like(name: str, data_dir: Path, label_names: tuple[str, ...]) -> Dataset:
+def _load_mnist_like(
+    name: str,
+    data_dir: Path,
+    label_names: tuple[str, ...],
+    splits: tuple[str, ...] = ("train", "t10k"),
+) -> Dataset:
     if not data_dir.is_dir():
         hint = " (install Debian's dataset-fashion-mnist)" if name == "fashion-mnist" else ""
         raise DataError(f"{name}: data directory {data_dir} does not exist{hint}")
-    parts = [load_idx_pair(data_dir, split) for split in ("train", "t10k")]
+    parts = [load_idx_pair(data_dir, split) for split in splits]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts]).astype(np.int64)
     divide_by = 255.0
@@ -133,6 +138,30 @@ def _load_mnist_like(name: str, data_dir: Path, label_names: tuple[str, ...]) ->
         labels=labels,
         label_names=label_names,
         divide_by=divide_by,
+    )
+
+
+def load_split(name: str, data_dir: str | Path | None = None) -> tuple[Dataset, Dataset]:
+    """(train, test): the official split for the IDX data sets; for digits, which has none, a
+    fixed 80/20 split (seed 0)."""
+    if name == "digits":
+        full = _load_digits()
+        order = np.random.default_rng(0).permutation(len(full.labels))
+        cut = round(0.8 * len(order))
+        return tuple(  # type: ignore[return-value]
+            Dataset(full.name, full.images[i], full.labels[i], full.label_names, full.divide_by)
+            for i in (order[:cut], order[cut:])
+        )
+    if name == "fashion-mnist":
+        directory, label_names = Path(data_dir or FASHION_MNIST_DIR), FASHION_MNIST_LABELS
+    elif name == "mnist" and data_dir is not None:
+        directory, label_names = Path(data_dir), tuple(str(i) for i in range(10))
+    else:
+        load_dataset(name, data_dir)  # raises the DataError that says what is missing
+        raise DataError(f"{name}: no train/test split")
+    return (
+        _load_mnist_like(name, directory, label_names, ("train",)),
+        _load_mnist_like(name, directory, label_names, ("t10k",)),
     )
 
 
