@@ -148,10 +148,12 @@ def load_split(name: str, data_dir: str | Path | None = None) -> tuple[Dataset, 
         full = _load_digits()
         order = np.random.default_rng(0).permutation(len(full.labels))
         cut = round(0.8 * len(order))
-        return tuple(  # type: ignore[return-value]
-            Dataset(full.name, full.images[i], full.labels[i], full.label_names, full.divide_by)
-            for i in (order[:cut], order[cut:])
+        train, test = order[:cut], order[cut:]
+        return (
+            Dataset(name, full.images[train], full.labels[train], full.label_names, 16.0),
+            Dataset(name, full.images[test], full.labels[test], full.label_names, 16.0),
         )
+    label_names: tuple[str, ...]
     if name == "fashion-mnist":
         directory, label_names = Path(data_dir or FASHION_MNIST_DIR), FASHION_MNIST_LABELS
     elif name == "mnist" and data_dir is not None:

@@ -146,7 +146,6 @@ def run_study(
     hidden = hidden or {}
     epochs = {"classifier": budget.epochs, "autoencoder": budget.autoencoder_epochs}
     seeds = {"classifier": budget.seeds, "autoencoder": budget.autoencoder_seeds}
-    base = {"dataset": dataset, "data_dir": data_dir}
     started = time.monotonic()
     with ProcessPoolExecutor(max_workers=workers) as pool:
         trials = [
@@ -159,7 +158,8 @@ def run_study(
                 budget.lr_epochs,
                 True,
                 hidden=hidden.get(experiment, ()),
-                **base,
+                dataset=dataset,
+                data_dir=data_dir,
             )
             for experiment in ("classifier", "autoencoder")
             for a in activations
@@ -175,7 +175,18 @@ def run_study(
                 best[key] = (loss, job.lr)
         chosen = {key: lr for key, (_, lr) in best.items()}
         runs = [
-            Job(e, a, d, chosen[e, a, d], seed, epochs[e], False, hidden=hidden.get(e, ()), **base)
+            Job(
+                e,
+                a,
+                d,
+                chosen[e, a, d],
+                seed,
+                epochs[e],
+                False,
+                dataset,
+                data_dir,
+                hidden.get(e, ()),
+            )
             for (e, a, d) in chosen
             for seed in range(seeds[e])
         ]

@@ -1,8 +1,17 @@
 """Activation functions and their derivatives as small ONNX graphs run by onnxruntime.
 
-Built at start-up on the same execution providers as the models. GELU is the native ONNX
-``Gelu`` op (opset 20, ``approximate="none"`` or ``"tanh"``); the other functions and every
-derivative are composed of elementary ONNX ops. Input and output: float32 of any shape.
+Two kernels, both built at start-up on the same execution providers as the models:
+
+- ``accurate`` (the default): every function and derivative within a few float32 ULPs of the
+  correctly rounded value over the whole float32 line, with the right limits at +-inf. The
+  graph casts x to float64 and uses formulas that never subtract nearly equal numbers: Phi's
+  left tail as phi(a) M(a) with M the Mills ratio (a rational fit, ``bench/fits.py``),
+  sigmoids as exp(-|v|) / (1 + exp(-|v|)), GELU's derivative through its root, and ELU through
+  expm1 = 2 tanh(x/2) / (1 - tanh(x/2)); then it rounds once, to float32.
+- ``native``: exactly the ops an exported model runs (``Gelu``, ``Sigmoid`` and ``Mul``,
+  ``Relu``, ``Elu``), in float32, for the functions a model can contain.
+
+Input and output: float32 of any shape.
 """
 
 from __future__ import annotations
@@ -23,17 +32,68 @@ from service.runtime import SessionFactory
 OPSET = 20
 IR_VERSION = 10  # onnx's default IR is newer than onnxruntime 1.31 accepts
 INPUT, OUTPUT = "x", "y"
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+ACCURATE, NATIVE = "accurate", "native"
+KERNELS = (ACCURATE, NATIVE)
+# Elements per onnxruntime call for the accurate graphs: their float64 intermediates then stay
+# in cache (a 30-op float64 chain measured 13.8 ms per 1e6 values in one call, 7.6 in chunks).
+CHUNK = 1 << 18
+
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+TANH_CUBIC = 0.044715
+SIGMOID_GELU_SCALE = 1.702
+# Beyond these magnitudes every result is its limit in float32 (the Gaussian terms underflow,
+# the sigmoid terms saturate); clamping there keeps inf * 0 out of the formulas.
+GAUSSIAN_CLAMP = 40.0
+SIGMOID_CLAMP = 1000.0
+
+# From ``python -m bench.fits`` (mpmath): P/Q rational fits on [0, 14], relative error 9.2e-9
+# (Mills ratio) and 4.7e-9 (root quotient); tests/service/test_activations.py re-derives them.
+GELU_ROOT = 0.7517915246935645
+MILLS_P = (
+    1.253314148789514,
+    1.1030755334811064,
+    0.4627557056056879,
+    0.10306412420628194,
+    0.010510922844989223,
+)
+MILLS_Q = (
+    1.0,
+    1.6780120775082141,
+    1.208079412676948,
+    0.47312279518096195,
+    0.1030702963900458,
+    0.010510808028888041,
+)
+ROOT_QUOTIENT_P = (
+    1.6671032995404949,
+    1.8374625483013973,
+    0.8992644927490822,
+    0.22107234348242755,
+    0.023268299968499884,
+)
+ROOT_QUOTIENT_Q = (
+    1.0,
+    1.3678016266698951,
+    0.7560330365070532,
+    0.20360041712154187,
+    0.023267443248943254,
+    1.522921411201139e-08,
+)
 
 
 class _GraphBuilder:
-    """Appends ONNX nodes; each call returns the name of the value it produced."""
+    """Appends ONNX nodes; each call returns the name of the value it produced.
 
-    def __init__(self) -> None:
+    Constants take the builder's element type: float64 for the accurate kernel, float32 for
+    the native one.
+    """
+
+    def __init__(self, elem_type: int) -> None:
+        self.elem_type = elem_type
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        self._constants: dict[float, str] = {}
 
     def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         out = f"v{len(self.nodes)}"
@@ -41,21 +101,52 @@ class _GraphBuilder:
         return out
 
     def const(self, value: float) -> str:
-        name = f"c{len(self.initializers)}"
-        self.initializers.append(helper.make_tensor(name, TensorProto.FLOAT, [], [value]))
-        return name
+        if value not in self._constants:
+            name = f"c{len(self.initializers)}"
+            self.initializers.append(helper.make_tensor(name, self.elem_type, [], [value]))
+            self._constants[value] = name
+        return self._constants[value]
 
     # Shorthands so that the formulas below read like the formulas.
     def add(self, a: str, b: str) -> str:
         return self.op("Add", a, b)
 
+    def sub(self, a: str, b: str) -> str:
+        return self.op("Sub", a, b)
+
     def mul(self, a: str, b: str) -> str:
         return self.op("Mul", a, b)
+
+    def div(self, a: str, b: str) -> str:
+        return self.op("Div", a, b)
 
     def scale(self, a: str, k: float) -> str:
         return self.mul(a, self.const(k))
 
+    def shift(self, a: str, k: float) -> str:
+        return self.add(a, self.const(k))
+
+    def clamp_above(self, a: str, k: float) -> str:
+        return self.op("Min", a, self.const(k))
+
+    def step(self, x: str) -> str:
+        """1 where x > 0, else 0 (NaN gives 0: every caller carries NaN through another term)."""
+        return self.op("Cast", self.op("Greater", x, self.const(0.0)), to=self.elem_type)
+
+    def polynomial(self, x: str, coefficients: tuple[float, ...]) -> str:
+        """Horner's scheme, coefficients in ascending powers."""
+        result = self.const(coefficients[-1])
+        for c in reversed(coefficients[:-1]):
+            result = self.shift(self.mul(result, x), c)
+        return result
+
+    def rational(self, x: str, p: tuple[float, ...], q: tuple[float, ...]) -> str:
+        return self.div(self.polynomial(x, p), self.polynomial(x, q))
+
     def model(self, result: str) -> onnx.ModelProto:
+        """float32 in and out; an inner float64 graph is cast at both ends."""
+        if self.elem_type != TensorProto.FLOAT:
+            result = self.op("Cast", result, to=TensorProto.FLOAT)
         self.nodes.append(helper.make_node("Identity", [result], [OUTPUT]))
         tensor = helper.make_tensor_value_info
         graph = helper.make_graph(
@@ -74,42 +165,126 @@ class _GraphBuilder:
 
 Builder = Callable[[_GraphBuilder, str], str]
 
+# ---- the accurate kernel: x is float64 ---------------------------------------------------------
+
+
+class _Gaussian:
+    """The pieces shared by Phi, GELU and their derivatives, for a = min(|x|, 40)."""
+
+    def __init__(self, g: _GraphBuilder, x: str) -> None:
+        self.a = g.clamp_above(g.op("Abs", x), GAUSSIAN_CLAMP)
+        self.pdf = g.scale(g.op("Exp", g.scale(g.mul(self.a, self.a), -0.5)), INV_SQRT_2PI)
+        self.step = g.step(x)  # H: 1 for x > 0
+
+    def tail(self, g: _GraphBuilder) -> str:
+        """Phi(-a) = phi(a) M(a): the left tail, relative-accurate however small."""
+        return g.mul(self.pdf, g.rational(self.a, MILLS_P, MILLS_Q))
+
 
 def _phi(g: _GraphBuilder, x: str) -> str:
-    """Phi(x) = 0.5 (1 + erf(x / sqrt 2))."""
-    return g.scale(g.add(g.const(1.0), g.op("Erf", g.scale(x, INV_SQRT_2))), 0.5)
+    """Phi(x) = Phi(-a) for x <= 0, 1 - Phi(-a) for x > 0: H + (1 - 2H) Phi(-a)."""
+    n = _Gaussian(g, x)
+    sign = g.shift(g.scale(n.step, -2.0), 1.0)
+    return g.add(n.step, g.mul(sign, n.tail(g)))
 
 
 def _pdf(g: _GraphBuilder, x: str) -> str:
-    """phi(x) = exp(-x^2 / 2) / sqrt(2 pi)."""
-    return g.scale(g.op("Exp", g.scale(g.mul(x, x), -0.5)), INV_SQRT_2PI)
+    return _Gaussian(g, x).pdf
 
 
-def _sigmoid_scaled(g: _GraphBuilder, x: str, k: float) -> str:
-    return g.op("Sigmoid", g.scale(x, k) if k != 1.0 else x)
+def _gelu(g: _GraphBuilder, x: str) -> str:
+    """x Phi(x) = relu(x) - a Phi(-a): for x > 0, x (1 - Phi(-x)); for x <= 0, x Phi(x)."""
+    n = _Gaussian(g, x)
+    return g.sub(g.op("Relu", x), g.mul(n.a, n.tail(g)))
 
 
-def _x_sigmoid_derivative(g: _GraphBuilder, x: str, k: float) -> str:
-    """d/dx x sigma(kx) = s + k x s (1 - s), s = sigma(kx)."""
-    s = _sigmoid_scaled(g, x, k)
-    one_minus_s = g.op("Sub", g.const(1.0), s)
-    return g.add(s, g.scale(g.mul(g.mul(x, s), one_minus_s), k))
+def _gelu_derivative(g: _GraphBuilder, x: str) -> str:
+    """Phi(x) + x phi(x) = H + sign(x) phi(a) (a - M(a)), with a - M(a) = (a - a0) R(a)."""
+    n = _Gaussian(g, x)
+    sign = g.shift(g.scale(n.step, 2.0), -1.0)
+    through_root = g.mul(
+        g.shift(n.a, -GELU_ROOT), g.rational(n.a, ROOT_QUOTIENT_P, ROOT_QUOTIENT_Q)
+    )
+    return g.add(n.step, g.mul(sign, g.mul(n.pdf, through_root)))
 
 
-def _gelu_tanh_derivative(g: _GraphBuilder, x: str) -> str:
-    """0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u)."""
-    x2 = g.mul(x, x)
-    u = g.scale(g.mul(x, g.add(g.const(1.0), g.scale(x2, 0.044715))), SQRT_2_OVER_PI)
-    t = g.op("Tanh", u)
-    left = g.scale(g.add(g.const(1.0), t), 0.5)
-    sech2 = g.op("Sub", g.const(1.0), g.mul(t, t))
-    du = g.scale(g.add(g.const(1.0), g.scale(x2, 3 * 0.044715)), SQRT_2_OVER_PI)
-    return g.add(left, g.scale(g.mul(g.mul(x, sech2), du), 0.5))
+@dataclass(frozen=True)
+class _SigmoidForm:
+    """f(x) = x sigmoid(v(x)) for an odd v with v(x) > 0 for x > 0.
+
+    ``v(|x|)`` and ``w(|x|)``, where f'(x) = sigmoid(v) (1 + w sigmoid(-v)) and w = x v'(x)
+    is even in sign with x (so w(-|x|) = -w(|x|)).
+    """
+
+    v: Builder
+    w: Builder
+
+    def forward(self, g: _GraphBuilder, x: str) -> str:
+        """relu(x) - |x| e / (1 + e), e = exp(-|v|): no cancellation on either side."""
+        ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
+        e = g.op("Exp", g.op("Neg", self.v(g, ax)))
+        return g.sub(g.op("Relu", x), g.div(g.mul(ax, e), g.shift(e, 1.0)))
+
+    def derivative(self, g: _GraphBuilder, x: str) -> str:
+        """N / (1 + e)^2: N = 1 + e + w e for x > 0, e (1 + e - |w|) for x <= 0.
+
+        The second is where the derivative crosses zero; float64 carries it through.
+        """
+        ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
+        e = g.op("Exp", g.op("Neg", self.v(g, ax)))
+        w = self.w(g, ax)
+        one_plus_e = g.shift(e, 1.0)
+        right = g.add(one_plus_e, g.mul(w, e))
+        left = g.mul(e, g.sub(one_plus_e, w))
+        h = g.step(x)
+        blended = g.add(g.mul(h, right), g.mul(g.sub(g.const(1.0), h), left))
+        return g.div(blended, g.mul(one_plus_e, one_plus_e))
 
 
-def _step(g: _GraphBuilder, x: str) -> str:
-    """1 where x > 0, else 0 (float)."""
-    return g.op("Cast", g.op("Greater", x, g.const(0.0)), to=TensorProto.FLOAT)
+def _scaled(k: float) -> _SigmoidForm:
+    """x sigmoid(k x): v = k x, w = k x."""
+    return _SigmoidForm(lambda g, a: g.scale(a, k), lambda g, a: g.scale(a, k))
+
+
+def _tanh_v(g: _GraphBuilder, a: str) -> str:
+    """2 sqrt(2/pi) (a + 0.044715 a^3): 0.5 (1 + tanh(u)) = sigmoid(2u)."""
+    return g.mul(
+        a, g.shift(g.scale(g.mul(a, a), 2 * SQRT_2_OVER_PI * TANH_CUBIC), 2 * SQRT_2_OVER_PI)
+    )
+
+
+def _tanh_w(g: _GraphBuilder, a: str) -> str:
+    """a v'(a) = 2 sqrt(2/pi) (a + 3 * 0.044715 a^3)."""
+    k = 2 * SQRT_2_OVER_PI
+    return g.mul(a, g.shift(g.scale(g.mul(a, a), 3 * k * TANH_CUBIC), k))
+
+
+_TANH = _SigmoidForm(_tanh_v, _tanh_w)
+_SILU = _scaled(1.0)
+_SIGMOID_GELU = _scaled(SIGMOID_GELU_SCALE)
+
+
+def _elu(g: _GraphBuilder, x: str) -> str:
+    """relu(x) + expm1(min(x, 0)), expm1(z) = 2t / (1 - t), t = tanh(z / 2)."""
+    t = g.op("Tanh", g.scale(g.clamp_above(x, 0.0), 0.5))
+    return g.add(g.op("Relu", x), g.div(g.scale(t, 2.0), g.sub(g.const(1.0), t)))
+
+
+def _elu_derivative(g: _GraphBuilder, x: str) -> str:
+    """exp(min(x, 0)): 1 for x > 0."""
+    return g.op("Exp", g.clamp_above(x, 0.0))
+
+
+def _relu_derivative(g: _GraphBuilder, x: str) -> str:
+    """sign(relu(x)): 1 for x > 0, 0 for x <= 0, NaN for NaN."""
+    return g.op("Sign", g.op("Relu", x))
+
+
+# ---- the native kernel: x is float32, the ops an exported model runs ---------------------------
+
+
+def _native_sigmoid_form(k: float) -> Builder:
+    return lambda g, x: g.mul(x, g.op("Sigmoid", g.scale(x, k) if k != 1.0 else x))
 
 
 @dataclass(frozen=True)
@@ -121,6 +296,7 @@ class Activation:
     derivative_formula: str
     forward: Builder
     derivative: Builder
+    native: Builder | None  # the forward pass as exported models run it, if a model can
 
 
 _DEFINED: dict[str, Activation] = {
@@ -130,45 +306,49 @@ _DEFINED: dict[str, Activation] = {
             "gelu",
             "x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))",
             "Phi(x) + x * phi(x)",
+            _gelu,
+            _gelu_derivative,
             lambda g, x: g.op("Gelu", x, approximate="none"),
-            lambda g, x: g.add(_phi(g, x), g.mul(x, _pdf(g, x))),
         ),
         Activation(
             "gelu_tanh",
             "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
             "0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 0.134145 x^2), t = tanh(...)",
+            _TANH.forward,
+            _TANH.derivative,
             lambda g, x: g.op("Gelu", x, approximate="tanh"),
-            _gelu_tanh_derivative,
         ),
         Activation(
             "gelu_sigmoid",
             "x * sigmoid(1.702 x)",
             "s + 1.702 x s (1 - s), s = sigmoid(1.702 x)",
-            lambda g, x: g.mul(x, _sigmoid_scaled(g, x, 1.702)),
-            lambda g, x: _x_sigmoid_derivative(g, x, 1.702),
+            _SIGMOID_GELU.forward,
+            _SIGMOID_GELU.derivative,
+            _native_sigmoid_form(SIGMOID_GELU_SCALE),
         ),
         Activation(
             "silu",
             "x * sigmoid(x)",
             "s + x s (1 - s), s = sigmoid(x)",
-            lambda g, x: g.mul(x, _sigmoid_scaled(g, x, 1.0)),
-            lambda g, x: _x_sigmoid_derivative(g, x, 1.0),
+            _SILU.forward,
+            _SILU.derivative,
+            _native_sigmoid_form(1.0),
         ),
         Activation(
             "relu",
             "max(x, 0)",
             "1 if x > 0 else 0",
             lambda g, x: g.op("Relu", x),
-            _step,
+            _relu_derivative,
+            lambda g, x: g.op("Relu", x),
         ),
         Activation(
             "elu",
             "x if x > 0 else exp(x) - 1",
             "1 if x > 0 else exp(x)",
+            _elu,
+            _elu_derivative,
             lambda g, x: g.op("Elu", x, alpha=1.0),
-            lambda g, x: g.op(
-                "Where", g.op("Greater", x, g.const(0.0)), g.const(1.0), g.op("Exp", x)
-            ),
         ),
         Activation(
             "phi",
@@ -176,6 +356,7 @@ _DEFINED: dict[str, Activation] = {
             "phi(x) = exp(-x^2 / 2) / sqrt(2 pi)",
             _phi,
             _pdf,
+            None,
         ),
     )
 }
@@ -183,30 +364,55 @@ _DEFINED: dict[str, Activation] = {
 ACTIVATIONS = {name: _DEFINED[name] for name in EVALUATED_ACTIVATIONS}
 
 
-def build_graph(activation: Activation, derivative: bool) -> onnx.ModelProto:
+def kernels(activation: Activation, derivative: bool) -> tuple[str, ...]:
+    """The kernels that can evaluate ``activation`` (or its derivative)."""
+    return (ACCURATE, NATIVE) if activation.native and not derivative else (ACCURATE,)
+
+
+def build_graph(
+    activation: Activation, derivative: bool, kernel: str = ACCURATE
+) -> onnx.ModelProto:
     """The ONNX model that evaluates ``activation`` (or its derivative) elementwise."""
-    g = _GraphBuilder()
+    if kernel == NATIVE:
+        if activation.native is None or derivative:
+            raise ValueError(
+                f"no native kernel for {activation.name}{' derivative' if derivative else ''}"
+            )
+        g = _GraphBuilder(TensorProto.FLOAT)
+        return g.model(activation.native(g, INPUT))
+    g = _GraphBuilder(TensorProto.DOUBLE)
+    x = g.op("Cast", INPUT, to=TensorProto.DOUBLE)
     builder = activation.derivative if derivative else activation.forward
-    return g.model(builder(g, INPUT))
+    return g.model(builder(g, x))
 
 
 class ActivationEvaluator:
-    """One onnxruntime session per activation and per derivative, built at start-up."""
+    """One onnxruntime session per activation, derivative and kernel, built at start-up."""
 
     def __init__(self, sessions: SessionFactory) -> None:
-        self.sessions: dict[tuple[str, bool], ort.InferenceSession] = {}
+        self.sessions: dict[tuple[str, bool, str], ort.InferenceSession] = {}
         self.providers: list[str] = []
         for name, activation in ACTIVATIONS.items():
             for derivative in (False, True):
-                graph = build_graph(activation, derivative).SerializeToString()
-                label = f"activation {name}{' derivative' if derivative else ''}"
-                session, self.providers = sessions.create(graph, label)
-                self.sessions[name, derivative] = session
+                for kernel in kernels(activation, derivative):
+                    graph = build_graph(activation, derivative, kernel).SerializeToString()
+                    label = f"activation {name}{' derivative' if derivative else ''} ({kernel})"
+                    session, self.providers = sessions.create(graph, label)
+                    self.sessions[name, derivative, kernel] = session
         self.evaluate("gelu", np.zeros(8, np.float32))  # warm-up
 
-    def evaluate(self, name: str, x: np.ndarray, derivative: bool = False) -> np.ndarray:
+    def evaluate(
+        self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
+    ) -> np.ndarray:
         """f(x) or f'(x) elementwise, float32; blocks, so call it off the event loop."""
+        session = self.sessions[name, derivative, kernel]
         # Elementwise: run on a flat view, which also covers 0-d arrays onnxruntime refuses.
-        flat = np.ascontiguousarray(x).reshape(-1)
-        result: np.ndarray = self.sessions[name, derivative].run([OUTPUT], {INPUT: flat})[0]
-        return result.reshape(x.shape)
+        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+        if kernel == NATIVE or flat.size <= CHUNK:
+            result: np.ndarray = session.run([OUTPUT], {INPUT: flat})[0]
+            return result.reshape(x.shape)
+        out = np.empty_like(flat)
+        for start in range(0, flat.size, CHUNK):
+            part = flat[start : start + CHUNK]
+            out[start : start + CHUNK] = session.run([OUTPUT], {INPUT: part})[0]
+        return out.reshape(x.shape)

@@ -27,6 +27,7 @@ from service.errors import BadInputError
 from service.inference import InferenceRequest, InferenceResult, RequestInput, RequestOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+KERNEL_HEADER = "X-Kernel"
 SHAPE_HEADER = "X-Shape"
 OCTET_STREAM = "application/octet-stream"
 JSON = "application/json"
@@ -408,17 +409,21 @@ def parse_shape(text: str, what: str) -> tuple[int, ...]:
     return tuple(check_shape([int(p) for p in parts], what))
 
 
-def decode_activation_json(body: bytes) -> tuple[np.ndarray, bool]:
-    """``{"data": nested list, "derivative": bool}`` -> float32 array and the flag."""
+def decode_activation_json(body: bytes) -> tuple[np.ndarray, bool, str | None]:
+    """``{"data": nested list, "derivative": bool, "kernel": str}`` -> float32 array, the flag
+    and the kernel asked for (None when the body names none)."""
     payload = loads(body)
     if not isinstance(payload, dict) or "data" not in payload:
         raise BadInputError('body must be a JSON object {"data": [...]}')
     derivative = payload.get("derivative", False)
     if not isinstance(derivative, bool):
         raise BadInputError("'derivative' must be true or false")
+    kernel = payload.get("kernel")
+    if kernel is not None and not isinstance(kernel, str):
+        raise BadInputError("'kernel' must be a string")
     array = numbers(payload["data"], "data", may_hold_booleans(body))
     array = cast(array, V2_TO_NUMPY["FP32"], "data")
-    return array, derivative
+    return array, derivative, kernel
 
 
 def decode_activation_binary(body: bytes, shape: str | None) -> np.ndarray:
@@ -434,12 +439,19 @@ def decode_activation_binary(body: bytes, shape: str | None) -> np.ndarray:
     return np.frombuffer(body, dtype="<f4").reshape(dims)
 
 
-def encode_activation_json(name: str, derivative: bool, y: np.ndarray) -> bytes:
-    """``{"name", "derivative", "shape", "data"}``, the data nested as the input was."""
-    return dumps({"name": name, "derivative": derivative, "shape": y.shape, "data": y})
+def encode_activation_json(name: str, derivative: bool, kernel: str, y: np.ndarray) -> bytes:
+    """``{"name", "derivative", "kernel", "shape", "data"}``, the data nested as the input was."""
+    return dumps(
+        {"name": name, "derivative": derivative, "kernel": kernel, "shape": y.shape, "data": y}
+    )
 
 
-def encode_activation_binary(y: np.ndarray) -> tuple[memoryview, dict[str, str]]:
-    """Raw little-endian float32, the shape in ``X-Shape``: the array's own memory, no copy."""
-    headers = {SHAPE_HEADER: ",".join(map(str, y.shape)), "content-type": OCTET_STREAM}
+def encode_activation_binary(y: np.ndarray, kernel: str) -> tuple[memoryview, dict[str, str]]:
+    """Raw little-endian float32, the shape in ``X-Shape`` and the kernel in ``X-Kernel``: the
+    array's own memory, no copy."""
+    headers = {
+        SHAPE_HEADER: ",".join(map(str, y.shape)),
+        KERNEL_HEADER: kernel,
+        "content-type": OCTET_STREAM,
+    }
     return np.ascontiguousarray(y, "<f4").data.cast("B"), headers

@@ -23,7 +23,7 @@ import anyio.to_thread
 import numpy as np
 
 from service import __version__
-from service.activations import ACTIVATIONS, ActivationEvaluator
+from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
 from service.batching import Deadline, timed_infer
 from service.codecs import cast
 from service.errors import (
@@ -411,9 +411,12 @@ class DataPlane:
 
     # ---- activations ---------------------------------------------------------------------------
 
-    def activation_formulas(self) -> list[tuple[str, str, str]]:
-        """(name, formula, derivative's formula) of every activation."""
-        return [(a.name, a.formula, a.derivative_formula) for a in ACTIVATIONS.values()]
+    def activation_formulas(self) -> list[tuple[str, str, str, list[str]]]:
+        """(name, formula, derivative's formula, the function's kernels) of every activation."""
+        return [
+            (a.name, a.formula, a.derivative_formula, list(kernels(a, derivative=False)))
+            for a in ACTIVATIONS.values()
+        ]
 
     def activation_providers(self) -> list[str]:
         """The execution providers the activation graphs run on."""
@@ -424,7 +427,23 @@ class DataPlane:
         if name not in ACTIVATIONS:
             raise NotFoundError(f"unknown activation {name!r}; available: {', '.join(ACTIVATIONS)}")
 
-    async def activate(self, name: str, x: np.ndarray, derivative: bool = False) -> np.ndarray:
+    def check_kernel(self, name: str, derivative: bool, kernel: str | None) -> str:
+        """The kernel to use (``accurate`` when none is named); 400 for one that cannot
+        evaluate ``name`` (or its derivative)."""
+        if kernel is None:
+            return ACCURATE
+        if kernel not in KERNELS:
+            raise BadInputError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+        if kernel not in kernels(ACTIVATIONS[name], derivative):
+            what = f"{name}'s derivative" if derivative else name
+            raise BadInputError(
+                f"no {kernel} kernel for {what}: no exported model runs it; use kernel=accurate"
+            )
+        return kernel
+
+    async def activate(
+        self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
+    ) -> np.ndarray:
         """Evaluate activation ``name`` (or its derivative) elementwise, off the event loop."""
         evaluator = self._evaluator()
         self.check_activation(name)
@@ -434,7 +453,7 @@ class DataPlane:
                 f"array of {x.size} values is above the maximum of {limit} "
                 "(GELU_MAX_ACTIVATION_ELEMENTS)"
             )
-        return await anyio.to_thread.run_sync(evaluator.evaluate, name, x, derivative)
+        return await anyio.to_thread.run_sync(evaluator.evaluate, name, x, derivative, kernel)
 
     def _evaluator(self) -> ActivationEvaluator:
         if self._activations is None:

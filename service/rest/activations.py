@@ -26,8 +26,8 @@ async def list_activations(request: Request) -> Response:
     """The functions, their formulas and derivatives, and the providers evaluating them."""
     plane = get_plane(request)
     listing = [
-        {"name": name, "formula": formula, "derivative": derivative}
-        for name, formula, derivative in plane.activation_formulas()
+        {"name": name, "formula": formula, "derivative": derivative, "kernels": kernels}
+        for name, formula, derivative, kernels in plane.activation_formulas()
     ]
     body = {"activations": listing, "providers": plane.activation_providers()}
     return Response(codecs.dumps(body), media_type=codecs.JSON)
@@ -46,19 +46,29 @@ async def evaluate(
     request: Request,
     derivative: bool = Query(False, description="evaluate the derivative instead"),
     shape: str | None = Query(None, description="binary bodies: the array's shape, e.g. 1000,1000"),
+    kernel: str | None = Query(
+        None,
+        description="accurate (the default: within a few float32 ULPs) or native (the ONNX "
+        "ops an exported model runs; functions only)",
+    ),
 ) -> Response:
     """Evaluate one activation (or its derivative) elementwise on an array of any shape."""
     plane = get_plane(request)
     plane.check_activation(name)
     body = await request.body()
     if request.headers.get("content-type", "").startswith(codecs.OCTET_STREAM):
+        kernel = plane.check_kernel(name, derivative, kernel)
         x = codecs.decode_activation_binary(body, request.headers.get(codecs.SHAPE_HEADER, shape))
-        content, headers = codecs.encode_activation_binary(
-            await plane.activate(name, x, derivative)
-        )
+        y = await plane.activate(name, x, derivative, kernel)
+        content, headers = codecs.encode_activation_binary(y, kernel)
         return Response(content, headers=headers)
-    x, body_derivative = await plane.codec(len(body), codecs.decode_activation_json, body)
+    x, body_derivative, body_kernel = await plane.codec(
+        len(body), codecs.decode_activation_json, body
+    )
     derivative = derivative or body_derivative
-    y = await plane.activate(name, x, derivative)
-    encoded = await plane.codec(len(body), codecs.encode_activation_json, name, derivative, y)
+    kernel = plane.check_kernel(name, derivative, kernel or body_kernel)
+    y = await plane.activate(name, x, derivative, kernel)
+    encoded = await plane.codec(
+        len(body), codecs.encode_activation_json, name, derivative, kernel, y
+    )
     return Response(encoded, media_type=codecs.JSON)

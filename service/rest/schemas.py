@@ -7,7 +7,7 @@ puts a model's schema into a route's OpenAPI entry.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -180,6 +180,7 @@ class ActivationInfo(BaseModel):
     name: str
     formula: str
     derivative: str
+    kernels: list[str] = Field(description="kernels for the function; derivatives: accurate")
 
 
 class ActivationList(BaseModel):
@@ -190,11 +191,13 @@ class ActivationList(BaseModel):
 class ActivationRequest(BaseModel):
     data: NestedNumbers | Number = Field(examples=[[-1.0, 0.0, 1.0]])
     derivative: bool = False
+    kernel: Literal["accurate", "native"] = "accurate"
 
 
 class ActivationResponse(BaseModel):
     name: str
     derivative: bool
+    kernel: Literal["accurate", "native"]
     shape: list[int]
     data: NestedNumbers | Number
 
