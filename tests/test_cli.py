@@ -16,6 +16,7 @@ OPTIONS = {
     "train": "--threads",
     "export": "--max-batch-size",
     "models": "--table",
+    "paper": "--full",
     "serve": "--workers",
     "bench": "--concurrency",
 }
@@ -51,7 +52,7 @@ def test_every_subcommand_has_help_without_torch(command: str) -> None:
 def test_no_subcommand_prints_usage_listing_every_subcommand() -> None:
     result = gelu_serve()
     assert result.returncode == 2
-    assert "{train,export,models,serve,bench}" in result.stdout
+    assert "{train,export,models,paper,serve,bench}" in result.stdout
     assert set(OPTIONS) == set(SUBCOMMANDS)
 
 
@@ -103,3 +104,6 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, checkpoints: dict[str, 
     _one_error_line(gelu_serve("export", str(checkpoints["mlp"]), "--name", "m", "--repository",
                                str(repo), "--version", "1"), "exists")  # fmt: skip
     assert not (tmp_path / "x.pt").exists()
+    _one_error_line(gelu_serve("paper", "--activations", "gelu,swish", "--out", str(tmp_path)),
+                    "unknown activation 'swish'")  # fmt: skip
+    _one_error_line(gelu_serve("paper", "--epochs", "0", "--out", str(tmp_path)), "at least 1")

@@ -3,7 +3,9 @@ kernels, and its JSON and binary bodies."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,6 +17,7 @@ from service.activations import ACTIVATIONS, IR_VERSION, OPSET
 from tests.helpers import assert_error
 
 BINARY = {"Content-Type": "application/octet-stream"}
+ROOT = Path(__file__).resolve().parents[2]
 
 # The float32 points the issue named (the tails where 1 + erf and 1 + tanh cancel, the sigmoid
 # tails, ELU just below 0, GELU's and SiLU's minima, overflow), and each function's and
@@ -546,3 +549,24 @@ def test_every_contract_activation_is_defined_once() -> None:
 
     assert list(ACTIVATIONS) == list(EVALUATED_ACTIVATIONS)
     assert set(_DEFINED) == set(EVALUATED_ACTIVATIONS)
+
+
+def test_readme_accuracy_table_is_the_committed_report() -> None:
+    """The README's table is what ``make accuracy`` wrote into docs/accuracy.json."""
+    summary = json.loads((ROOT / "docs" / "accuracy.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    start, end = (readme.index(marker) for marker in accuracy.README_BLOCK)
+    assert readme[start : end + len(accuracy.README_BLOCK[1])] == accuracy.readme_block(summary)
+    assert summary["worst_accurate"] <= 1.0
+
+
+@pytest.mark.slow
+def test_the_shipped_fits_are_bench_fits() -> None:
+    """The coefficients in service/activations.py are what ``python -m bench.fits`` derives."""
+    from bench import fits
+    from service import activations
+
+    derived = fits.derive()
+    assert derived["GELU_ROOT"] == activations.GELU_ROOT
+    for name in ("MILLS_P", "MILLS_Q", "ROOT_QUOTIENT_P", "ROOT_QUOTIENT_Q"):
+        np.testing.assert_allclose(getattr(activations, name), derived[name], rtol=1e-12)
