@@ -92,11 +92,19 @@ def _holds_boolean(data: Any) -> bool:
     return False
 
 
+FLOAT_MAX = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
+
+
 def cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     """``array`` as ``dtype``, refusing booleans for numbers and values outside its range."""
     if array.dtype.kind == "b" and dtype.kind != "b":
         raise BadInputError(f"{what}: expected numbers, found booleans")
     if dtype.kind == "f":
+        if array.dtype.kind == "f" and array.size:
+            # Checked before the cast, so that it never overflows: one reduction (NaN fails too).
+            if not np.abs(array).max() <= FLOAT_MAX[dtype]:
+                raise BadInputError(f"{what}: a value is outside the {dtype.name} range")
+            return array.astype(dtype, copy=False)
         with np.errstate(over="ignore"):
             converted = array.astype(dtype, copy=False)
         if not np.isfinite(converted).all():

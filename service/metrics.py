@@ -69,9 +69,27 @@ class Metrics:
             ["model"], registry=registry,
         )  # fmt: skip
 
+        # In one process, requests in flight are a plain count read at scrape time (a Gauge's
+        # inc and dec take a lock each, per request); across workers, each worker's gauge.
+        self.in_flight_count = 0
+        if not multiprocess:
+            self.in_flight.set_function(lambda: self.in_flight_count)
+
         # labels() takes a lock and builds a key on each call: each label set's children are
         # looked up once and kept (label values are bounded: routes, served models, statuses).
         self._request_children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
+
+    def request_started(self) -> None:
+        if self.multiprocess:
+            self.in_flight.inc()
+        else:
+            self.in_flight_count += 1
+
+    def request_finished(self) -> None:
+        if self.multiprocess:
+            self.in_flight.dec()
+        else:
+            self.in_flight_count -= 1
 
     def observe_request(
         self, endpoint: str, model: str, version: str, status: int, seconds: float

@@ -120,6 +120,10 @@ class BodyLimitMiddleware:
         if length is not None and length > limit:
             await send_error(send, self._too_large(length, what, limit))
             return
+        if length is not None and encoding is None:
+            # HTTP/1.1 framing: the server hands on at most Content-Length bytes of body.
+            await self.app(scope, receive, send)
+            return
         received = 0
 
         async def limited_receive() -> Message:
@@ -270,7 +274,7 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
-        self.metrics.in_flight.inc()
+        self.metrics.request_started()
         try:
             await self.app(scope, receive, send_status)
         except asyncio.CancelledError:
@@ -278,7 +282,7 @@ class MetricsMiddleware:
                 status = CLIENT_CLOSED_REQUEST
             raise
         finally:
-            self.metrics.in_flight.dec()
+            self.metrics.request_finished()
             route = scope.get("route")
             endpoint = getattr(route, "path", "unmatched")
             # A client's string never becomes a label: only the repository's model names.

@@ -85,7 +85,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # When the current phase (headers, body) must be over, in loop time; checked by the
         # sweeper (per-request timers cost more than the checks: see ``_sweep``).
         self._deadline: float | None = None
-        self._deadline_message = ""
+        self._deadline_phase: tuple[float, str, str] = (0.0, "", "")
         self._reading_headers = False
         self._unparsed_bytes = 0  # received while the headers are incomplete
         self._task: asyncio.Task[None] | None = None  # the current request's
@@ -184,14 +184,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _arm(self, seconds: float, what: str, variable: str) -> None:
         self._deadline = self.loop.time() + seconds
-        self._deadline_message = (
-            f"the request's {what} did not arrive within {seconds:g} s ({variable})"
-        )
+        self._deadline_phase = (seconds, what, variable)  # the message is built if it is needed
 
     def check_deadline(self, now: float) -> None:
         """Refuse the request (408) if its current phase is past its deadline."""
         if self._deadline is not None and now > self._deadline:
-            self._refuse(408, self._deadline_message)
+            seconds, what, variable = self._deadline_phase
+            self._refuse(
+                408, f"the request's {what} did not arrive within {seconds:g} s ({variable})"
+            )
 
     def _header_limit_message(self) -> str:
         return (

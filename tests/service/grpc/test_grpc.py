@@ -273,6 +273,8 @@ def test_unimplemented_methods_say_so(server: Server) -> None:
 
 def test_metrics_count_grpc_calls(server: Server) -> None:
     server.stub().ModelInfer(raw_request(DIGITS[:1]))
+    with pytest.raises(grpc.RpcError):
+        server.stub().ModelInfer(raw_request(DIGITS[:1], model="nope"))
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
     connection.request("GET", "/metrics")
     metrics = connection.getresponse().read().decode()
