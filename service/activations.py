@@ -174,7 +174,6 @@ class _Gaussian:
     def __init__(self, g: _GraphBuilder, x: str) -> None:
         self.a = g.clamp_above(g.op("Abs", x), GAUSSIAN_CLAMP)
         self.pdf = g.scale(g.op("Exp", g.scale(g.mul(self.a, self.a), -0.5)), INV_SQRT_2PI)
-        self.step = g.step(x)  # H: 1 for x > 0
 
     def tail(self, g: _GraphBuilder) -> str:
         """Phi(-a) = phi(a) M(a): the left tail, relative-accurate however small."""
@@ -183,9 +182,9 @@ class _Gaussian:
 
 def _phi(g: _GraphBuilder, x: str) -> str:
     """Phi(x) = Phi(-a) for x <= 0, 1 - Phi(-a) for x > 0: H + (1 - 2H) Phi(-a)."""
-    n = _Gaussian(g, x)
-    sign = g.shift(g.scale(n.step, -2.0), 1.0)
-    return g.add(n.step, g.mul(sign, n.tail(g)))
+    n, step = _Gaussian(g, x), g.step(x)
+    sign = g.shift(g.scale(step, -2.0), 1.0)
+    return g.add(step, g.mul(sign, n.tail(g)))
 
 
 def _pdf(g: _GraphBuilder, x: str) -> str:
@@ -200,12 +199,12 @@ def _gelu(g: _GraphBuilder, x: str) -> str:
 
 def _gelu_derivative(g: _GraphBuilder, x: str) -> str:
     """Phi(x) + x phi(x) = H + sign(x) phi(a) (a - M(a)), with a - M(a) = (a - a0) R(a)."""
-    n = _Gaussian(g, x)
-    sign = g.shift(g.scale(n.step, 2.0), -1.0)
+    n, step = _Gaussian(g, x), g.step(x)
+    sign = g.shift(g.scale(step, 2.0), -1.0)
     through_root = g.mul(
         g.shift(n.a, -GELU_ROOT), g.rational(n.a, ROOT_QUOTIENT_P, ROOT_QUOTIENT_Q)
     )
-    return g.add(n.step, g.mul(sign, g.mul(n.pdf, through_root)))
+    return g.add(step, g.mul(sign, g.mul(n.pdf, through_root)))
 
 
 @dataclass(frozen=True)
