@@ -569,4 +569,6 @@ def test_the_shipped_fits_are_bench_fits() -> None:
     derived = fits.derive()
     assert derived["GELU_ROOT"] == activations.GELU_ROOT
     for name in ("MILLS_P", "MILLS_Q", "ROOT_QUOTIENT_P", "ROOT_QUOTIENT_Q"):
-        np.testing.assert_allclose(getattr(activations, name), np.asarray(derived[name], float), rtol=1e-12)
+        np.testing.assert_allclose(
+            getattr(activations, name), np.asarray(derived[name], float), rtol=1e-12
+        )
