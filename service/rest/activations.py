@@ -48,8 +48,8 @@ async def evaluate(
     shape: str | None = Query(None, description="binary bodies: the array's shape, e.g. 1000,1000"),
     kernel: str | None = Query(
         None,
-        description="accurate (the default: within a few float32 ULPs) or native (the ONNX "
-        "ops an exported model runs; functions only)",
+        description="accurate (the default: within 1 float32 ULP of the exact value) or "
+        "native (the ONNX op an exported model runs; functions only)",
     ),
 ) -> Response:
     """Evaluate one activation (or its derivative) elementwise on an array of any shape."""
