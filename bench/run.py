@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
-from bench.proc import UsageMeter, check_pinned, cpu_list, pin_tree
+from bench.proc import UsageMeter, check_pinned, cpu_list, paused, pin_tree
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
 
@@ -85,6 +85,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Every server process alive in this run; all but the one measured are paused at each point.
+LIVE: set[int] = set()
+
+
 @dataclass(frozen=True)
 class Server:
     """A running server: where to reach it, its process, and the CPUs all its threads use."""
@@ -131,8 +135,10 @@ def grpc_floor(cpus: str) -> Iterator[Server]:
             grpc.channel_ready_future(channel).result(timeout=60)
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
+        LIVE.add(process.pid)
         yield Server("", process.pid, pinned, address)
     finally:
+        LIVE.discard(process.pid)
         process.terminate()
         process.wait(timeout=30)
 
@@ -180,8 +186,10 @@ def serve(
         time.sleep(settle)  # let every worker finish its start-up
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
+        LIVE.add(process.pid)
         yield Server(f"http://127.0.0.1:{port}", process.pid, pinned)
     finally:
+        LIVE.discard(process.pid)
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=30)
@@ -209,14 +217,16 @@ def measure(
     target: Server, request: Request, connections: int, seconds: float, client_cpu: int | None
 ) -> dict[str, Any]:
     """One wrk point with the server's CPU use and the steal; measured again (up to
-    ``ATTEMPTS`` times) while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen."""
+    ``ATTEMPTS`` times) while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen.
+    Every other server of the run is paused meanwhile (see ``paused``)."""
     best: dict[str, Any] = {}
     for attempt in range(1, ATTEMPTS + 1):
         threads = check_pinned(target.pid, target.cpus)
-        meter = UsageMeter(target.pid)
-        meter.start()
-        row = drive(target, request, connections, seconds, client_cpu)
-        usage = meter.stop()
+        with paused(pid for pid in LIVE if pid != target.pid):
+            meter = UsageMeter(target.pid)
+            meter.start()
+            row = drive(target, request, connections, seconds, client_cpu)
+            usage = meter.stop()
         row.update(
             server_cores=usage.server_cores,
             steal_cores=usage.steal_cores,

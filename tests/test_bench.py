@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,36 @@ def test_readme_targets_are_the_committed_run() -> None:
     readme = (ROOT / "README.md").read_text()
     start = readme.index(README_BLOCK[0])
     assert readme[start : readme.index(README_BLOCK[1]) + len(README_BLOCK[1])] == block
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_paused_stops_a_process_tree_and_continues_it() -> None:
+    """Idle servers are stopped while another is measured, children included, then resumed."""
+    from bench.proc import paused, process_tree
+
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(100):  # until the child exists
+            tree = process_tree(parent.pid)
+            if len(tree) == 2:
+                break
+            time.sleep(0.05)
+        assert len(tree) == 2
+        with paused([parent.pid]):
+            assert [_state(pid) for pid in tree] == ["T", "T"]
+        for _ in range(100):  # SIGCONT, like SIGSTOP, lands when the process next runs
+            if all(_state(pid) in "SR" for pid in tree):
+                break
+            time.sleep(0.02)
+        assert all(_state(pid) in "SR" for pid in tree)
+    finally:
+        for pid in reversed(process_tree(parent.pid)):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()
