@@ -460,7 +460,7 @@ def run(args: argparse.Namespace) -> Results:
             flush=True,
         )
 
-    # One process each, on one core, all running at once (idle when not driven); at each
+    # One process each, on one core, all started at once (paused when not driven); at each
     # concurrency every scenario is driven back to back, so each ratio compares runs taken
     # within a minute or two.
     cpus, workers = args.server_cpus, 1
@@ -666,8 +666,9 @@ def write_report(results: Results, out: Path) -> None:
         f"FastAPI {env['fastapi']}, uvicorn {env['uvicorn']}, {env['wrk']}",
         f"- servers: one uvicorn process each, every thread pinned to CPU(s) "
         f"{env['server_cpus']} (checked before each point); wrk (1 thread) on CPU "
-        f"{env['client_cpu']}; {env['seconds_per_run']} s per point. The 2-worker rows: the "
-        "server's two processes and wrk all free to use both cores",
+        f"{env['client_cpu']}; {env['seconds_per_run']} s per point; every other server of the "
+        "run stopped (SIGSTOP, its whole process tree) while one is measured. The 2-worker "
+        "rows: the server's two processes and wrk all free to use both cores",
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen)",
