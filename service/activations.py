@@ -218,10 +218,14 @@ class _SigmoidForm:
     v: Builder
     w: Builder
 
+    def _magnitude(self, g: _GraphBuilder, x: str) -> tuple[str, str]:
+        """|x| (clamped where the sigmoid has saturated) and e = exp(-|v(x)|)."""
+        ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
+        return ax, g.op("Exp", g.op("Neg", self.v(g, ax)))
+
     def forward(self, g: _GraphBuilder, x: str) -> str:
         """relu(x) - |x| e / (1 + e), e = exp(-|v|): no cancellation on either side."""
-        ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
-        e = g.op("Exp", g.op("Neg", self.v(g, ax)))
+        ax, e = self._magnitude(g, x)
         return g.sub(g.op("Relu", x), g.div(g.mul(ax, e), g.shift(e, 1.0)))
 
     def derivative(self, g: _GraphBuilder, x: str) -> str:
@@ -229,8 +233,7 @@ class _SigmoidForm:
 
         The second is where the derivative crosses zero; float64 carries it through.
         """
-        ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
-        e = g.op("Exp", g.op("Neg", self.v(g, ax)))
+        ax, e = self._magnitude(g, x)
         w = self.w(g, ax)
         one_plus_e = g.shift(e, 1.0)
         right = g.add(one_plus_e, g.mul(w, e))
@@ -245,20 +248,17 @@ def _scaled(k: float) -> _SigmoidForm:
     return _SigmoidForm(lambda g, a: g.scale(a, k), lambda g, a: g.scale(a, k))
 
 
-def _tanh_v(g: _GraphBuilder, a: str) -> str:
-    """2 sqrt(2/pi) (a + 0.044715 a^3): 0.5 (1 + tanh(u)) = sigmoid(2u)."""
-    return g.mul(
-        a, g.shift(g.scale(g.mul(a, a), 2 * SQRT_2_OVER_PI * TANH_CUBIC), 2 * SQRT_2_OVER_PI)
-    )
+def _odd_cubic(k1: float, k3: float) -> Builder:
+    """a (k1 + k3 a^2), for a >= 0."""
+    return lambda g, a: g.mul(a, g.shift(g.scale(g.mul(a, a), k3), k1))
 
 
-def _tanh_w(g: _GraphBuilder, a: str) -> str:
-    """a v'(a) = 2 sqrt(2/pi) (a + 3 * 0.044715 a^3)."""
-    k = 2 * SQRT_2_OVER_PI
-    return g.mul(a, g.shift(g.scale(g.mul(a, a), 3 * k * TANH_CUBIC), k))
-
-
-_TANH = _SigmoidForm(_tanh_v, _tanh_w)
+# 0.5 (1 + tanh(u)) = sigmoid(2u): v = 2u = 2 sqrt(2/pi) (a + 0.044715 a^3), and
+# w = a v'(a) = 2 sqrt(2/pi) (a + 3 * 0.044715 a^3).
+_TANH_K = 2 * SQRT_2_OVER_PI
+_TANH = _SigmoidForm(
+    _odd_cubic(_TANH_K, _TANH_K * TANH_CUBIC), _odd_cubic(_TANH_K, 3 * _TANH_K * TANH_CUBIC)
+)
 _SILU = _scaled(1.0)
 _SIGMOID_GELU = _scaled(SIGMOID_GELU_SCALE)
 
