@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, get_route_path
 
 from service.dataplane import DataPlane
@@ -40,6 +41,30 @@ def get_plane(request: Request) -> DataPlane:
     """The app's data plane, set by the lifespan."""
     dataplane: DataPlane = request.app.state.dataplane
     return dataplane
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, as ``await request.body()`` reads it (``ClientDisconnect`` if the
+    client leaves first), without Starlette's stream generator: a small body arrives in one
+    message, and that generator costs more than the rest of reading it (about 5 µs of 8)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            return b"".join([*chunks, body]) if chunks else body
+        chunks.append(body)
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """One request header's value (``name`` in lower case), read from the scope as it came,
+    without building Starlette's ``Headers``."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 class DirectRoute(APIRoute):

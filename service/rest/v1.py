@@ -8,7 +8,7 @@ from service import codecs
 from service.errors import MethodNotAllowedError
 from service.inference import ModelInfo
 from service.rest.middleware import SERVED_VERSION
-from service.rest.routing import add_model_route, get_plane
+from service.rest.routing import add_model_route, get_plane, read_body
 from service.rest.schemas import (
     ModelList,
     ModelSummary,
@@ -24,7 +24,7 @@ router = APIRouter(tags=["V1 (KServe style)"])
 
 async def predict(request: Request, name: str, version: str | None = None) -> Response:
     """Predict with the model (its latest version unless one is named)."""
-    plane, body = get_plane(request), await request.body()
+    plane, body = get_plane(request), await read_body(request)
     result = await plane.infer(name, version, await plane.codec(len(body), codecs.decode_v1, body))
     request.scope[SERVED_VERSION] = result.model.version
     content = await plane.codec(len(body), codecs.encode_v1, result)

@@ -8,7 +8,7 @@ from service import codecs
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.rest.middleware import SERVED_VERSION
-from service.rest.routing import add_model_route, get_plane
+from service.rest.routing import add_model_route, get_plane, header, read_body
 from service.rest.schemas import (
     InferenceRequest,
     InferenceResponse,
@@ -26,6 +26,7 @@ from service.rest.schemas import (
 )
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
+HEADER_LENGTH = codecs.HEADER_LENGTH.lower().encode()
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -43,8 +44,8 @@ def _json(payload: object, status_code: int = 200) -> Response:
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Inference with the model (its latest version unless one is named): JSON, or JSON plus
     binary tensors."""
-    plane, body = get_plane(request), await request.body()
-    header_length = request.headers.get(codecs.HEADER_LENGTH)
+    plane, body = get_plane(request), await read_body(request)
+    header_length = header(request, HEADER_LENGTH)
     decoded = await plane.codec(len(body), codecs.decode_v2, body, header_length)
     result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version

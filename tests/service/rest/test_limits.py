@@ -202,6 +202,35 @@ def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
     assert b'"predictions"' in answer
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_sent_in_pieces_is_read_whole(server: int, framing: str) -> None:
+    """A body that reaches the server in several reads (the route reads it message by
+    message) gets the same answer as one sent at once."""
+    pieces = [PREDICT_BODY[:7], PREDICT_BODY[7:150], PREDICT_BODY[150:]]
+    with connect(server) as sock:
+        if framing == "chunked":
+            head = request_bytes("POST", PREDICT).replace(
+                b"Content-Length: 0", b"Transfer-Encoding: chunked"
+            )
+            pieces = [b"%x\r\n%s\r\n" % (len(p), p) for p in pieces] + [b"0\r\n\r\n"]
+        else:
+            head = request_bytes("POST", PREDICT).replace(
+                b"Length: 0", f"Length: {len(PREDICT_BODY)}".encode()
+            )
+        sock.sendall(head)
+        for piece in pieces:
+            time.sleep(0.05)
+            sock.sendall(piece)
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_all(sock)
+    with connect(server) as sock:
+        sock.sendall(request_bytes("POST", PREDICT, PREDICT_BODY))
+        sock.shutdown(socket.SHUT_WR)
+        at_once = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert answer.partition(b"\r\n\r\n")[2] == at_once.partition(b"\r\n\r\n")[2]
+
+
 def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int) -> None:
     """Its body can never complete: the connection closes now, not at the body timeout."""
     with connect(server) as sock:
