@@ -242,6 +242,20 @@ def measure(
     return best
 
 
+def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario and concurrency: the round of median requests/s (the lower
+    middle one for an even count), with every round's requests/s in ``rounds_rps``."""
+    taken: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        taken.setdefault((row["scenario"], row["concurrency"]), []).append(row)
+    kept = []
+    for measured in taken.values():
+        ordered = sorted(measured, key=lambda r: r["rps"])
+        median = ordered[(len(ordered) - 1) // 2]
+        kept.append({**median, "rounds_rps": [r["rps"] for r in measured]})
+    return kept
+
+
 def sample_inputs(n_features: int) -> np.ndarray:
     """Real samples when the model's data is at hand (digits), else a fixed random batch."""
     if n_features == 64:
@@ -347,6 +361,7 @@ def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "server_cpus": args.server_cpus,
         "client_cpu": args.client_cpu,
         "seconds_per_run": args.seconds,
+        "rounds": args.rounds,
     }
 
 
@@ -504,14 +519,17 @@ def run(args: argparse.Namespace) -> Results:
             if target.url not in warmed:
                 drive(target, request, 8, 1, args.client_cpu)
                 warmed.add(target.url)
-        for c in concurrencies:
-            for name, target, request in scenarios:
-                point(name, target, request, c, results.http)
-        for c in (1, 4):
-            point("echo floor", floor, activation["echo"], c, results.activations)
-            point("gelu, float32 binary", on, activation["binary"], c, results.activations)
-            point("gelu native, float32 binary", on, activation["native"], c, results.activations)
-        point("gelu, JSON", on, activation["json"], 1, results.activations)
+        for _ in range(args.rounds):  # whole passes, so that each point's rounds spread out
+            for c in concurrencies:
+                for name, target, request in scenarios:
+                    point(name, target, request, c, results.http)
+            for c in (1, 4):
+                point("echo floor", floor, activation["echo"], c, results.activations)
+                point("gelu, float32 binary", on, activation["binary"], c, results.activations)
+                point(
+                    "gelu native, float32 binary", on, activation["native"], c, results.activations
+                )
+            point("gelu, JSON", on, activation["json"], 1, results.activations)
     if not args.smoke:  # two processes and wrk, all free to use every core
         port = _free_port()
         serve_two = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
@@ -519,22 +537,14 @@ def run(args: argparse.Namespace) -> Results:
             serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as two,
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
         ):
-            point(
-                "v1 predict, gelu-serve serve --workers 2",
-                two,
-                small["v1"],
-                top,
-                results.http,
-                pin=False,
-            )
-            point(
-                "naive app, uvicorn --workers 2",
-                naive_two,
-                small["v1"],
-                top,
-                results.http,
-                pin=False,
-            )
+            for _ in range(args.rounds):
+                for name, target in (
+                    ("v1 predict, gelu-serve serve --workers 2", two),
+                    ("naive app, uvicorn --workers 2", naive_two),
+                ):
+                    point(name, target, small["v1"], top, results.http, pin=False)
+    results.http = median_rounds(results.http)
+    results.activations = median_rounds(results.activations)
     order = {name: i for i, (name, _, _) in enumerate(scenarios)}
     results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
     results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)
@@ -649,6 +659,11 @@ def load_results(path: Path) -> Results:
     return Results(**json.loads(path.read_text()))
 
 
+def rounds(row: dict[str, Any], spec: str = ".0f") -> str:
+    """A point's requests/s in each of its rounds."""
+    return " / ".join(format(rps, spec) for rps in row.get("rounds_rps", [row["rps"]]))
+
+
 def write_report(results: Results, out: Path) -> None:
     """benchmarks.json, benchmarks.md and benchmarks.png in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -672,6 +687,9 @@ def write_report(results: Results, out: Path) -> None:
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen)",
+        f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
+        "concurrency is repeated, and each point reports its round of median req/s (all "
+        "rounds in `rounds`)",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so each "
         "ratio compares points taken a minute or two apart",
@@ -690,28 +708,29 @@ def write_report(results: Results, out: Path) -> None:
         "so the server sets the pace.",
         "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | steal | attempts |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "CPU µs per request | steal | attempts | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
         lines.append(
             f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
-            f"{r['cpu_us_per_request']:.0f} | {r['steal_cores']:.2f} | {r['attempts']} |"
+            f"{r['cpu_us_per_request']:.0f} | {r['steal_cores']:.2f} | {r['attempts']} | "
+            f"{rounds(r)} |"
         )
     lines += [
         "",
         "## Raw activation evaluation against an echo of the same body (wrk)",
         "",
         "| scenario | concurrency | request bytes | req/s | MB/s of body | p50 ms | p99 ms | "
-        "errors | server cores | steal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "errors | server cores | steal | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in results.activations:
         lines.append(
             f"| {a['scenario']} | {a['concurrency']} | {a['request_bytes']} | {a['rps']:.1f} | "
             f"{megabytes(a):.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['errors']} | "
-            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} |"
+            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {rounds(a, '.1f')} |"
         )
     lines += where_the_time_goes(results)
     c = results.compute
@@ -794,6 +813,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` subcommand's options."""
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run (5)")
     parser.add_argument("--concurrency", default="1,16,64", help="wrk connections (1,16,64)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="passes over every point; each point reports its median round (3)",
+    )
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list of servers (0)")
     parser.add_argument("--client-cpu", type=int, default=1, help="CPU of wrk and client (1)")
     parser.add_argument("--repository", default="model_repository", help="model repository")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
-         "--repository", str(model_repository), "--out", str(tmp_path),
+         "--rounds", "2", "--repository", str(model_repository), "--out", str(tmp_path),
          "--activation-values", "10000"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -41,6 +41,10 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         # every thread of the one-core servers was pinned and checked; CPU and steal recorded
         assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
         assert row["steal_cores"] >= 0 and 1 <= row["attempts"] <= 3
+        # one row per point, from two rounds: the lower of the two (the median of an even count)
+        assert len(row["rounds_rps"]) == 2 and row["rps"] == min(row["rounds_rps"]), row
+    points = [(r["scenario"], r["concurrency"]) for r in report["http"] + report["activations"]]
+    assert len(points) == len(set(points))
     activations = {(a["scenario"], a["concurrency"]) for a in report["activations"]}
     assert {("echo floor", 1), ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations
     assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
