@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import hmac
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -104,6 +105,7 @@ class DataPlane:
         self._draining = False
         self._drain_listeners: list[Callable[[], object]] = []
         self._codec_threads: anyio.CapacityLimiter | None = None
+        self._activation_threads: anyio.CapacityLimiter | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -143,6 +145,12 @@ class DataPlane:
             repository.start_polling(settings.repository_poll_seconds)
         self.repository = repository
         self._codec_threads = anyio.CapacityLimiter(1)
+        # As many evaluations at once as the cores this process may use hold their threads
+        # (GELU_INTRA_OP_THREADS each): more would only share cores, and hold more inputs,
+        # outputs and intermediates in memory.
+        cores = len(os.sched_getaffinity(0))
+        per_evaluation = settings.intra_op_threads or cores
+        self._activation_threads = anyio.CapacityLimiter(max(1, cores // per_evaluation))
         # What start-up allocated lives as long as the process: keep the collector off it, so
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
@@ -453,7 +461,9 @@ class DataPlane:
                 f"array of {x.size} values is above the maximum of {limit} "
                 "(GELU_MAX_ACTIVATION_ELEMENTS)"
             )
-        return await anyio.to_thread.run_sync(evaluator.evaluate, name, x, derivative, kernel)
+        return await anyio.to_thread.run_sync(
+            evaluator.evaluate, name, x, derivative, kernel, limiter=self._activation_threads
+        )
 
     def _evaluator(self) -> ActivationEvaluator:
         if self._activations is None:

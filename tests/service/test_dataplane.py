@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import anyio
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -53,6 +55,42 @@ async def test_core_runs_inference_and_activations_without_fastapi(
     assert not core.ready
     with pytest.raises(NotReadyError):
         await core.activate("gelu", np.zeros(1, np.float32))
+
+
+@pytest.mark.anyio
+async def test_activations_run_one_at_a_time_per_core(
+    settings_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent activation requests never evaluate more at once than the process has cores
+    (each evaluation on one onnxruntime thread, the default): more would only share cores and
+    hold more memory."""
+    core = DataPlane(settings_factory())
+    await core.start()
+    try:
+        evaluator = core._evaluator()
+        running, most, lock = 0, 0, threading.Lock()
+        evaluate = evaluator.evaluate
+
+        def counted(*args: object) -> np.ndarray:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            try:
+                threading.Event().wait(0.02)  # long enough for the others to pile up
+                return evaluate(*args)  # type: ignore[arg-type]
+            finally:
+                with lock:
+                    running -= 1
+
+        monkeypatch.setattr(evaluator, "evaluate", counted)
+        x = np.linspace(-3, 3, 1000, dtype=np.float32)
+        async with anyio.create_task_group() as group:
+            for _ in range(8):
+                group.start_soon(core.activate, "gelu", x)
+        assert most == len(os.sched_getaffinity(0))
+    finally:
+        await core.stop()
 
 
 @pytest.mark.anyio
