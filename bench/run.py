@@ -544,7 +544,6 @@ def run(args: argparse.Namespace) -> Results:
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
             server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
         ):
-            floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
             for _ in range(args.rounds):
                 for name, target, request in (
                     ("v1 predict, gelu-serve serve --workers 2", two, small["v1"]),
