@@ -175,8 +175,15 @@ class Batcher:
         loop = self._loop
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
-        if self.inline and not self._pending and self._alone % PROBE_EVERY:
-            results = self._run_alone(inputs, size)  # no company lately, none waiting
+        if self.inline and not self._pending and not self._gathering:
+            if self._alone % PROBE_EVERY == 0 and await self._company():
+                request = _Request(inputs, size, loop.create_future(), deadline=deadline)
+                self._pending.appendleft(request)  # first, as it came first
+                self._queued += size
+                self._run_inline()
+                results = await request.future
+            else:  # no company lately, or none came: a batch of this request alone
+                results = self._run_alone(inputs, size)
             return {n: results[n] for n in outputs} if outputs else results
         future: asyncio.Future[Outputs] = loop.create_future()
         request = _Request(inputs, size, future, deadline=deadline)
@@ -199,6 +206,21 @@ class Batcher:
         return {n: results[n] for n in outputs} if outputs else results
 
     # ---- inline --------------------------------------------------------------------------------
+
+    async def _company(self) -> bool:
+        """Whether other requests queue while this one, first of a batch and not queued
+        itself, gives them their turn on the loop (one iteration, or the queue delay). A lone
+        request then runs without a future or a queue entry: that bookkeeping costs more than
+        the loop iteration (about 25 µs against 6, in process)."""
+        self._gathering = True
+        try:
+            await asyncio.sleep(self.max_delay)
+        except asyncio.CancelledError:  # this client left: the others are waiting
+            self._gathering = False
+            self._run_inline()
+            raise
+        self._gathering = False
+        return bool(self._pending)
 
     async def _lead(self) -> None:
         """The first request of a batch gives the others their turn on the loop (one

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service import batching
 from service.batching import PROBE_EVERY, Batcher
 from service.metrics import Metrics
 from service.runtime import Model
@@ -164,6 +165,23 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     assert recorder.sizes[:3] == [1, 1, 1]
     assert sum(recorder.sizes) == 3 + 8 * (PROBE_EVERY + 1)  # every sample computed once
     assert recorder.sizes[-1] == 8  # a burst is one run again
+
+
+def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
+    """Inline, a lone client's requests run at once, the ones that look for company too: none
+    waits in the queue or on a future, which costs more than its run."""
+    recorder = Recorder(model, monkeypatch)
+    queued = []
+    monkeypatch.setattr(batching, "_Request", lambda *a, **k: queued.append(a))
+
+    async def scenario():
+        batcher = started(model, 64, 0, inline=True)
+        for _ in range(2 * PROBE_EVERY + 1):
+            await batcher.infer({"input": DIGITS[:1]})
+        await batcher.stop()
+
+    run(scenario())
+    assert recorder.sizes == [1] * (2 * PROBE_EVERY + 1) and queued == []
 
 
 def test_batching_through_the_app(settings_factory) -> None:
