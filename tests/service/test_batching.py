@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service import batching
 from service.batching import PROBE_EVERY, Batcher
 from service.metrics import Metrics
 from service.runtime import Model
@@ -172,7 +171,7 @@ def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
     waits in the queue or on a future, which costs more than its run."""
     recorder = Recorder(model, monkeypatch)
     queued = []
-    monkeypatch.setattr(batching, "_Request", lambda *a, **k: queued.append(a))
+    monkeypatch.setattr("service.batching._Request", lambda *a, **k: queued.append(a))
 
     async def scenario():
         batcher = started(model, 64, 0, inline=True)
