@@ -185,8 +185,11 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url/v1/models/digits-mlp
 [ "$code" = 400 ] || { echo "bad input answered $code, not 400"; exit 1; }
 docker stop -t 20 "$CONTAINER" >/dev/null
 exit_code=$(docker inspect --format '{{.State.ExitCode}}' "$CONTAINER")
-docker logs "$CONTAINER" 2>&1 | grep -q "Application shutdown complete" \
-    || { docker logs "$CONTAINER"; echo "no clean shutdown"; exit 1; }
+# The logs whole first: under pipefail, `docker logs | grep -q` fails whenever grep stops
+# reading at its match before docker has written the last lines (SIGPIPE).
+logs=$(docker logs "$CONTAINER" 2>&1)
+grep -q "Application shutdown complete" <<<"$logs" \
+    || { printf '%s\n' "$logs"; echo "no clean shutdown"; exit 1; }
 echo "SIGTERM: clean shutdown, exit code $exit_code"
 [ "$exit_code" = 0 ] || { echo "unexpected exit code"; exit 1; }
 docker rm "$CONTAINER" >/dev/null
