@@ -77,12 +77,18 @@ def _affinity(tid: int) -> set[int] | None:
         return None
 
 
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after the command name: the state first (field 3), then on
+    (``OSError`` once the process is gone)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid``'s tree so far."""
     total = 0
     for process in process_tree(pid):
         try:
-            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(process)
         except OSError:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
@@ -123,7 +129,7 @@ class UsageMeter:
 def _stopped(pid: int) -> bool:
     """True once ``pid`` is stopped (or gone)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+        return stat_fields(pid)[0] in "Tt"
     except OSError:
         return True
 

@@ -208,10 +208,11 @@ class Batcher:
     # ---- inline --------------------------------------------------------------------------------
 
     async def _company(self) -> bool:
-        """Whether other requests queue while this one, first of a batch and not queued
-        itself, gives them their turn on the loop (one iteration, or the queue delay). A lone
-        request then runs without a future or a queue entry: that bookkeeping costs more than
-        the loop iteration (about 25 µs against 6, in process)."""
+        """Whether requests are queued after this one, first of a batch, gives them their turn
+        on the loop (one iteration, or the queue delay). Cancelled meanwhile, it runs what is
+        queued before it leaves. A lone request that was not queued then runs without a future
+        or a queue entry: that bookkeeping costs more than the loop iteration (about 25 µs
+        against 6, in process)."""
         self._gathering = True
         try:
             await asyncio.sleep(self.max_delay)
@@ -225,13 +226,10 @@ class Batcher:
     async def _lead(self) -> None:
         """The first request of a batch gives the others their turn on the loop (one
         iteration, or the queue delay), then runs the batch: under load, that is every request
-        parsed meanwhile; alone, it costs one loop iteration."""
-        self._gathering = True
-        try:
-            await asyncio.sleep(self.max_delay)
-        finally:  # even when this request is cancelled: the others are waiting
-            self._gathering = False
-            self._run_inline()
+        parsed meanwhile; alone, it costs one loop iteration. Cancelled while it waits, it
+        still runs the others (``_company``)."""
+        await self._company()
+        self._run_inline()
 
     def _run_alone(self, inputs: dict[str, np.ndarray], size: int) -> Outputs:
         """A batch of this one request, now, without queueing it."""

@@ -68,7 +68,9 @@ def test_readme_targets_are_the_committed_run() -> None:
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    from bench.proc import stat_fields
+
+    return stat_fields(pid)[0]
 
 
 def test_paused_stops_a_process_tree_and_continues_it() -> None:
