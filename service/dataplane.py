@@ -295,7 +295,7 @@ class DataPlane:
             model = served.model
             inputs = self._check_inputs(model, request.inputs)
             outputs = self._check_outputs(model, request)
-            names = [o.name for o in outputs]
+            names = None if outputs is None else [o.name for o in outputs]
             batched = model.config.max_batch_size > 0
             batch = len(next(iter(inputs.values()))) if batched else 1
             inline = batch <= served.inline_batch
@@ -316,6 +316,10 @@ class DataPlane:
             served.finished()
             statistics.record_request(ok, time.perf_counter_ns() - began)
         assert served.info is not None
+        if outputs is None:  # every output, in the model's order, as the request says
+            return InferenceResult(
+                served.info, results, {}, request.binary_outputs, inputs, request.id
+            )
         labels = served.info.label_names
         return InferenceResult(
             model=served.info,
@@ -391,9 +395,11 @@ class DataPlane:
         return inputs
 
     @staticmethod
-    def _check_outputs(model: Model, request: InferenceRequest) -> list[RequestOutput]:
+    def _check_outputs(model: Model, request: InferenceRequest) -> list[RequestOutput] | None:
+        """The outputs asked for, each known to the model; None for every output (the common
+        case, which then costs no per-output records)."""
         if request.outputs is None:
-            return [RequestOutput(n, request.binary_outputs) for n in model.output_names]
+            return None
         for output in request.outputs:
             if output.name not in model.output_names:
                 raise BadInputError(

@@ -93,5 +93,10 @@ class InferenceResult:
     model: ModelInfo
     outputs: dict[str, np.ndarray]
     binary: dict[str, bool] = field(default_factory=dict)  # output name -> as raw bytes
+    binary_default: bool = False  # for an output ``binary`` does not name
     inputs: dict[str, np.ndarray] = field(default_factory=dict)  # as validated
     id: str | None = None
+
+    def as_binary(self, name: str) -> bool:
+        """Whether output ``name`` is asked for as raw bytes."""
+        return self.binary.get(name, self.binary_default)

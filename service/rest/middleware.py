@@ -76,8 +76,8 @@ async def send_error(send: Send, error: ServiceError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimitMiddleware:
-    """Request bodies within their limits, and compressed ones decoded (pure ASGI).
+class BodyLimits:
+    """Request bodies within their limits, and compressed ones decoded.
 
     A binary body (``application/octet-stream``, or a V2 request with
     ``Inference-Header-Content-Length``) may be up to ``max_bytes``; any other body is JSON,
@@ -88,8 +88,7 @@ class BodyLimitMiddleware:
     decompression bomb stops at the limit, 413) and handed on decoded; another encoding is 415.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_json_bytes: int) -> None:
-        self.app = app
+    def __init__(self, max_bytes: int, max_json_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.max_json_bytes = min(max_json_bytes, max_bytes)
         self.json_variable = (
@@ -98,10 +97,12 @@ class BodyLimitMiddleware:
             else "GELU_MAX_BODY_BYTES"
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def admit(self, scope: Scope, receive: Receive) -> Receive:
+        """The ``receive`` that gives the request's body within its limits: ``receive`` itself
+        when its Content-Length is within them, one that counts (413 as the body streams past
+        the limit) when there is none, or one that replays the decoded body of a compressed
+        request, whose headers in ``scope`` then describe the decoded body. Raises
+        ``ServiceError`` (413, 415, 400) for a body that cannot be admitted."""
         binary, length, encoding = False, None, None
         for key, value in scope["headers"]:
             if key == b"content-type":
@@ -109,8 +110,7 @@ class BodyLimitMiddleware:
             elif key == b"inference-header-content-length":
                 binary = True
                 if value.isdigit() and int(value) > self.max_json_bytes:
-                    await send_error(send, self._too_large(int(value), "JSON header"))
-                    return
+                    raise self._too_large(int(value), "JSON header")
             elif key == b"content-length":
                 length = int(value) if value.isdigit() else None
             elif key == b"content-encoding" and value.lower() != b"identity":
@@ -118,12 +118,10 @@ class BodyLimitMiddleware:
         limit = self.max_bytes if binary else self.max_json_bytes
         what = "body" if binary else "JSON body"
         if length is not None and length > limit:
-            await send_error(send, self._too_large(length, what, limit))
-            return
+            raise self._too_large(length, what, limit)
         if length is not None and encoding is None:
             # HTTP/1.1 framing: the server hands on at most Content-Length bytes of body.
-            await self.app(scope, receive, send)
-            return
+            return receive
         received = 0
 
         async def limited_receive() -> Message:
@@ -134,15 +132,11 @@ class BodyLimitMiddleware:
                 raise self._too_large(received, what, limit)
             return message
 
-        if encoding is not None:
-            try:
-                decoded = await self._decode(encoding, limited_receive, limit, what)
-            except ServiceError as exc:
-                await send_error(send, exc)
-                return
-            await self.app(decoded_scope(scope, len(decoded)), replay(decoded), send)
-            return
-        await self.app(scope, limited_receive, send)
+        if encoding is None:
+            return limited_receive
+        decoded = await self._decode(encoding, limited_receive, limit, what)
+        describe_decoded(scope, len(decoded))
+        return replay(decoded)
 
     async def _decode(self, encoding: bytes, receive: Receive, limit: int, what: str) -> bytes:
         if encoding not in DECODERS:
@@ -161,6 +155,25 @@ class BodyLimitMiddleware:
             f"{what} of {size} bytes is above the maximum of {limit or self.max_json_bytes} "
             f"({variable})"
         )
+
+
+class BodyLimitMiddleware:
+    """``BodyLimits`` as pure ASGI middleware; a body they refuse is answered here."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_json_bytes: int) -> None:
+        self.app = app
+        self.limits = BodyLimits(max_bytes, max_json_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            receive = await self.limits.admit(scope, receive)
+        except ServiceError as exc:
+            await send_error(send, exc)
+            return
+        await self.app(scope, receive, send)
 
 
 # Compressed bodies up to this size are decompressed on the event loop (well under a
@@ -197,13 +210,15 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def decoded_scope(scope: Scope, length: int) -> Scope:
-    """``scope`` for the decoded body: no Content-Encoding, its Content-Length."""
+def describe_decoded(scope: Scope, length: int) -> None:
+    """Make ``scope``'s headers describe the decoded body: no Content-Encoding, its
+    Content-Length. In place, so that what the app later records in the scope (the served
+    version) is seen by the layers around it."""
     headers = [
         (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
     ]
     headers.append((b"content-length", str(length).encode()))
-    return {**scope, "headers": headers}
+    scope["headers"] = headers
 
 
 def replay(body: bytes) -> Receive:
@@ -283,13 +298,19 @@ class MetricsMiddleware:
             raise
         finally:
             self.metrics.request_finished()
-            route = scope.get("route")
-            endpoint = getattr(route, "path", "unmatched")
-            # A client's string never becomes a label: only the repository's model names.
-            name = scope.get("path_params", {}).get("name", "") if route else ""
-            model = name if name and self.known(name) else ""
-            # The version that served it, as the endpoint recorded (a repository's version).
-            version = scope.get(SERVED_VERSION, "") if model else ""
-            self.metrics.observe_request(
-                endpoint, model, version, status, time.perf_counter() - start
-            )
+            record_request(self.metrics, self.known, scope, status, start)
+
+
+def record_request(
+    metrics: Metrics, known: Callable[[str], bool], scope: Scope, status: int, start: float
+) -> None:
+    """Count and time one answered request (``start``: its ``time.perf_counter()``) by its
+    route template, model and served version; only a name ``known`` to the repository becomes
+    a model label (a client's string never does)."""
+    route = scope.get("route")
+    endpoint = getattr(route, "path", "unmatched")
+    name = scope.get("path_params", {}).get("name", "") if route else ""
+    model = name if name and known(name) else ""
+    # The version that served it, as the endpoint recorded (a repository's version).
+    version = scope.get(SERVED_VERSION, "") if model else ""
+    metrics.observe_request(endpoint, model, version, status, time.perf_counter() - start)

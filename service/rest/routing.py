@@ -13,8 +13,10 @@ metrics and error handler, and is documented in OpenAPI like any other route.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,13 +27,14 @@ from starlette.routing import BaseRoute, get_route_path
 
 from service.dataplane import DataPlane
 from service.rest.middleware import (
-    ASGIApp,
-    BodyLimitMiddleware,
-    MetricsMiddleware,
+    CLIENT_CLOSED_REQUEST,
+    CLIENT_GONE,
+    BodyLimits,
     Receive,
     Scope,
     Send,
     handle_error,
+    record_request,
 )
 
 Endpoint = Callable[..., Awaitable[Response]]
@@ -83,8 +86,11 @@ class DirectRoutes:
     """The app's direct routes, matched and called without FastAPI's per-request layers.
 
     ``match(scope)`` claims a request (setting its route and path parameters in the scope, as
-    Starlette's router does); calling the instance serves it behind the service's own metrics
-    and body-limit middleware, with the app's one error handler.
+    Starlette's router does); calling the instance serves it with what the app's middleware
+    gives every other route, in one layer: the body limits (``BodyLimits.admit``),
+    the request metrics (``record_request``) and the app's one error handler. The
+    endpoint's ``Response`` is sent as its status, headers and body, without a ``send``
+    wrapper to learn the status.
     """
 
     def __init__(self, routes: list[BaseRoute], plane: DataPlane) -> None:
@@ -92,11 +98,8 @@ class DirectRoutes:
             (r.path_regex, r.methods or set(), r) for r in routes if isinstance(r, DirectRoute)
         ]
         settings = plane.settings
-        self._app: ASGIApp = MetricsMiddleware(
-            BodyLimitMiddleware(self._serve, settings.max_body_bytes, settings.max_json_bytes),
-            plane.metrics,
-            plane.knows_model,
-        )
+        self._limits = BodyLimits(settings.max_body_bytes, settings.max_json_bytes)
+        self._metrics, self._known = plane.metrics, plane.knows_model
 
     def match(self, scope: Scope) -> bool:
         """Whether a direct route serves this request; if so, the scope now says which."""
@@ -111,17 +114,30 @@ class DirectRoutes:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
-
-    @staticmethod
-    async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        endpoint = scope["route"].direct_endpoint
+        metrics, status, start = self._metrics, 500, time.perf_counter()
+        metrics.request_started()
         try:
-            response = await endpoint(request, **scope["path_params"])
-        except Exception as exc:
-            response = await handle_error(request, exc)
-        await response(scope, receive, send)
+            request = Request(scope, receive)
+            try:
+                admitted = await self._limits.admit(scope, receive)
+                if admitted is not receive:
+                    request = Request(scope, admitted)
+                response = await scope["route"].direct_endpoint(request, **scope["path_params"])
+            except Exception as exc:
+                response = await handle_error(request, exc)
+            status = response.status_code
+            await send({"type": START, "status": status, "headers": response.raw_headers})
+            await send({"type": BODY, "body": response.body})
+        except asyncio.CancelledError:
+            if scope.get(CLIENT_GONE) and status == 500:
+                status = CLIENT_CLOSED_REQUEST
+            raise
+        finally:
+            metrics.request_finished()
+            record_request(metrics, self._known, scope, status, start)
+
+
+START, BODY = "http.response.start", "http.response.body"
 
 
 def _without_version(endpoint: Endpoint) -> Endpoint:

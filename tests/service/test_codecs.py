@@ -53,6 +53,29 @@ def test_cast_refuses_what_does_not_fit(data, dtype, needle: str) -> None:
         codecs.cast(codecs.numbers(data, "x"), np.dtype(dtype), "x")
 
 
+F32_MAX, F16_MAX = float(np.finfo(np.float32).max), float(np.finfo(np.float16).max)
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "fits"),
+    [
+        ([F32_MAX, -F32_MAX], np.float32, True),  # squares above the quick bound: exact check
+        ([1e38] * 1000, np.float32, True),
+        ([0.5, -F32_MAX * 1.001], np.float32, False),
+        ([F16_MAX, 1.0], np.float16, True),
+        ([1.0, 70000.0], np.float16, False),
+        ([1e300, -1e300], np.float64, True),
+    ],
+)
+def test_cast_decides_the_float_range_exactly(data, dtype, fits: bool) -> None:
+    array = codecs.numbers(data, "x")
+    if fits:
+        np.testing.assert_array_equal(codecs.cast(array, np.dtype(dtype), "x"), array.astype(dtype))
+    else:
+        with pytest.raises(BadInputError, match="outside the"):
+            codecs.cast(array, np.dtype(dtype), "x")
+
+
 def test_encode_v2_puts_binary_outputs_after_the_json() -> None:
     info = ModelInfo(
         name="m", version="1", versions=["1"], platform="onnxruntime_onnx", task="",

@@ -172,6 +172,15 @@ def test_compressed_bodies_are_decoded(client, encoding, compress) -> None:
     )
     assert packed.status_code == 200, packed.text
     assert packed.content == plain.content
+    # Counted as the plain one is, with the version that served it: the decoded request's
+    # scope is the one the metrics read.
+    counted = [
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith('gelu_requests_total{code="200"') and ":predict" in line
+    ]
+    assert len(counted) == 1 and 'model="digits-mlp"' in counted[0], counted
+    assert 'version=""' not in counted[0], counted
 
 
 def test_a_decompression_bomb_stops_at_the_limit(client) -> None:
