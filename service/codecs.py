@@ -108,7 +108,7 @@ def cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
         if array.dtype.kind == "f" and array.size:
             # Checked before the cast, so that it never overflows (NaN fails too).
             if not (
-                np.vdot(array, array) <= SQUARES_WITHIN[dtype]
+                float(np.vdot(array, array)) <= SQUARES_WITHIN[dtype]
                 or np.abs(array).max() <= FLOAT_MAX[dtype]
             ):
                 raise BadInputError(f"{what}: a value is outside the {dtype.name} range")
