@@ -88,6 +88,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline_phase: tuple[float, str, str] = (0.0, "", "")
         self._reading_headers = False
         self._unparsed_bytes = 0  # received while the headers are incomplete
+        self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
 
     # ---- connection ----------------------------------------------------------------------------
@@ -128,6 +129,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
+        self._chunk_bytes = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -169,9 +171,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         limits, headers = self.limits, self.headers
         if len(headers) > limits.max_headers:
             raise _Refusal(431, f"more than {limits.max_headers} headers (GELU_MAX_HEADERS)")
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in headers)
-        if size > limits.max_header_bytes:
-            raise _Refusal(431, self._header_limit_message())
+        # The headers came in the data received since they began: when that is within the
+        # limit, so are they, and they need not be summed (a small request's usual case).
+        if self._unparsed_bytes + self._chunk_bytes > limits.max_header_bytes:
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in headers)
+            if size > limits.max_header_bytes:
+                raise _Refusal(431, self._header_limit_message())
         self._reading_headers = False
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
         super().on_headers_complete()

@@ -172,6 +172,23 @@ def test_header_limits_get_431(server: int, headers: str, needle: str) -> None:
     assert get(server, "/v2/health/live")[0] == 200
 
 
+@pytest.mark.parametrize(("size", "status"), [(3600, 200), (4500, 431)])
+def test_header_bytes_are_counted_across_pieces(server: int, size: int, status: int) -> None:
+    # Headers of `size` bytes in two pieces, the second (1,500 bytes) completing them: 3,600
+    # bytes are within the 4,096 of GELU_MAX_HEADER_BYTES, 4,500 are not, though neither
+    # piece alone is above it, nor is the first while the headers are incomplete.
+    line = request_bytes("GET", "/v2/health/live")[:-2]
+    header = f"X-Big: {'a' * (size - len(line) - 11)}\r\n\r\n".encode()
+    raw = line + header
+    assert len(raw) == size
+    with connect(server) as sock:
+        sock.sendall(raw[:-1500])
+        time.sleep(0.1)
+        sock.sendall(raw[-1500:])
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+
+
 def test_connections_beyond_the_limit_get_503(server: int) -> None:
     held = [connect(server) for _ in range(45)]
     try:
