@@ -98,6 +98,9 @@ def server(host: str, port: int, settings: Settings) -> GracefulServer:
         ws="none",
         log_level=settings.log_level,
         access_log=False,
+        # The service logs no client address and decides nothing by one: uvicorn's rewriting
+        # of them from X-Forwarded-* (a middleware around every request) is not needed.
+        proxy_headers=False,
         server_header=False,
         timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
         # A backstop: GracefulServer closes what is left at graceful_shutdown_seconds.
