@@ -90,6 +90,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unparsed_bytes = 0  # received while the headers are incomplete
         self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
+        self._writer: _HeadWithBody | None = None  # what the current request's answer goes to
 
     # ---- connection ----------------------------------------------------------------------------
 
@@ -152,10 +153,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # As uvicorn's, keeping the task: a lost connection cancels it.
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = _HeadWithBody(self.transport)
+        writer.answer(cycle)
+        cycle.transport = writer
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
         self._task = task
+
+    def on_response_complete(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()  # a response without a body write (HEAD) has its head held
+        super().on_response_complete()
 
     # ---- parser callbacks ----------------------------------------------------------------------
 
@@ -223,6 +234,55 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 lines.append(b"retry-after: %d" % retry_after)
             self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.transport.close()
+
+
+class _HeadWithBody:
+    """The transport a connection's responses are written to: a response's head (status line
+    and headers) is held until its body's first write and goes out with it, in one write.
+
+    uvicorn writes them apart, as two send(2) system calls and two TCP segments; a small
+    response then costs one of each instead. Any other write (``100 Continue`` before a
+    response starts) passes through, and the head is written by itself if the response
+    completes without a body write (HEAD) or the connection closes first.
+    """
+
+    __slots__ = ("cycle", "head_due", "held", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.cycle: Any = None  # the request-response cycle being answered
+        self.head_due = False  # its head is not written yet
+        self.held: bytes | None = None
+
+    def answer(self, cycle: Any) -> None:
+        """Write ``cycle``'s response from now on (the connection's cycles run one at a time)."""
+        self.flush()
+        self.cycle, self.head_due = cycle, True
+
+    def write(self, data: bytes) -> None:
+        if self.head_due and self.cycle.response_started:
+            # uvicorn marks the response started, then writes its head: this is it.
+            self.head_due, self.held = False, data
+            return
+        held = self.held
+        if held is not None:
+            self.held = None
+            data = held + data
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        """Write a held head now."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
 
 
 SWEEP_SECONDS = 0.25

@@ -431,3 +431,40 @@ def test_a_graceful_stop_exits_0(model_repository: Path, signum: int) -> None:
     with running(model_repository) as (_, process):
         process.send_signal(signum)
         assert process.wait(timeout=20) == 0
+
+
+# ---- how answers are written ------------------------------------------------------------------
+
+
+def read_response(sock: socket.socket, head_only: bool = False) -> tuple[bytes, bytes]:
+    """One response's head and body (by its Content-Length) from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0 if head_only else int(head.lower().split(b"content-length: ")[1].split()[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    assert len(body) == length, (head, body)
+    return head, body
+
+
+def test_heads_interim_answers_and_bodies_on_one_connection(server: int) -> None:
+    # A response's head is written with its body (service.rest.protocol._HeadWithBody): a
+    # HEAD answer, which has no body, a 100 Continue before the response, and the answers
+    # after them on the same connection must each still arrive whole and in order.
+    with connect(server) as sock:
+        sock.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = read_response(sock, head_only=True)  # 405: the routes answer GET only
+        assert head.startswith(b"HTTP/1.1 405 ") and b"content-length: " in head and body == b""
+        expect = request_bytes("POST", PREDICT, PREDICT_BODY, "Expect: 100-continue\r\n")
+        sock.sendall(expect[: -len(PREDICT_BODY)])  # the head; the body waits for the 100
+        interim = sock.recv(65536)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(PREDICT_BODY)
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        assert len(json.loads(body)["predictions"]) == 1
+        sock.sendall(request_bytes("GET", "/v2/health/live"))
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"live": True}
