@@ -1,7 +1,11 @@
 """The HTTP floors: the same server stack (uvicorn + FastAPI) reading the body and answering
-constant JSON, or echoing the body back, with no model, codec or metrics. What no endpoint of
-ours can beat: ``/floor`` for small inference requests, ``/echo`` for the activation endpoint's
-large binary bodies."""
+constant JSON, or echoing the body back, with no model, codec or metrics: ``/floor`` for small
+inference requests, ``/echo`` for the activation endpoint's large binary bodies.
+
+``make bench`` serves them with stock uvicorn, and ``/floor`` also as the service serves
+(``--http``: its own protocol, which writes a response's head with its body): the service's
+inference routes skip FastAPI's per-request layers and may pass the stock floor, so the second
+says how much of that is the server rather than the app."""
 
 from __future__ import annotations
 
@@ -48,8 +52,24 @@ async def serve_grpc(port: int) -> None:
     await server.wait_for_termination()
 
 
+def serve_http(port: int) -> None:
+    """``python -m bench.floor --http PORT``: the HTTP floor served as the service serves
+    (its uvicorn protocol and options, ``service.rest.server.http_options``), to tell what the
+    service's own server saves from what its app does."""
+    import uvicorn
+
+    from service.rest.server import http_options
+    from service.settings import load_settings
+
+    options = http_options(load_settings())
+    uvicorn.run(create_app(), host="127.0.0.1", port=port, log_level="warning", **options)
+
+
 if __name__ == "__main__":
     import asyncio
     import sys
 
-    asyncio.run(serve_grpc(int(sys.argv[1])))
+    if sys.argv[1] == "--http":
+        serve_http(int(sys.argv[2]))
+    else:
+        asyncio.run(serve_grpc(int(sys.argv[1])))

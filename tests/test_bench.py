@@ -28,7 +28,8 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     scenarios = {row["scenario"] for row in report["http"]}
-    assert {"http floor", "naive app", "v1 predict, batching on", "v2-binary predict, batching on",
+    assert {"http floor", "http floor, served as the service serves", "naive app",
+            "v1 predict, batching on", "v2-binary predict, batching on",
             "v1 predict, batching off", "v2-binary predict, batching off", "grpc floor",
             "grpc predict, batching on", "grpc predict, batching off"} <= scenarios  # fmt: skip
     for row in report["http"]:
@@ -52,6 +53,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     markdown = (tmp_path / "benchmarks.md").read_text()
     zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
     assert zero in markdown
+    assert "c=4 against the floor served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

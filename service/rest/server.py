@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -86,6 +87,21 @@ def _worker(host: str, port: int, workers: int) -> None:
     server(host, port, load_settings(workers=workers)).run(sockets=[sock])
 
 
+def http_options(settings: Settings) -> dict[str, Any]:
+    """How the service's uvicorn serves HTTP: its protocol with the connection limits of
+    ``settings`` (``service.rest.protocol``), no WebSockets, no access log or Server header."""
+    return {
+        "http": guarded_protocol(ConnectionLimits.from_settings(settings)),
+        "ws": "none",
+        "access_log": False,
+        # The service logs no client address and decides nothing by one: uvicorn's rewriting
+        # of them from X-Forwarded-* (a middleware around every request) is not needed.
+        "proxy_headers": False,
+        "server_header": False,
+        "timeout_keep_alive": max(1, round(settings.keep_alive_seconds)),
+    }
+
+
 def server(host: str, port: int, settings: Settings) -> GracefulServer:
     """A uvicorn server of the app for ``settings``, with the service's connection limits; its
     gRPC face binds the same host unless GELU_GRPC_HOST says otherwise."""
@@ -94,17 +110,10 @@ def server(host: str, port: int, settings: Settings) -> GracefulServer:
         app,
         host=host,
         port=port,
-        http=guarded_protocol(ConnectionLimits.from_settings(settings)),
-        ws="none",
         log_level=settings.log_level,
-        access_log=False,
-        # The service logs no client address and decides nothing by one: uvicorn's rewriting
-        # of them from X-Forwarded-* (a middleware around every request) is not needed.
-        proxy_headers=False,
-        server_header=False,
-        timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
         # A backstop: GracefulServer closes what is left at graceful_shutdown_seconds.
         timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
+        **http_options(settings),
     )
     return GracefulServer(
         config,
