@@ -1,15 +1,16 @@
 """``make bench``: the inference path under load, against the HTTP floor, the naive app and the
 compute floor, every figure with the CPU it took.
 
-In one run on this machine: start the service (batching on and off), the HTTP floor app and the
-naive app as real uvicorn processes, each pinned to one core with every thread checked (see
-``bench.proc``); drive them with wrk pinned to the other core at each concurrency, recording
-requests/s, p50, p99, errors, the server's CPU use and the hypervisor's steal per point, and
-repeating points taken under high steal. Then two worker processes against one, the larger
-model where batching matters, raw activation evaluation of 1e6 values against a 4 MB echo,
-onnxruntime's in-process ``session.run`` (the compute floor) and where a request's time goes.
-Writes ``benchmarks.md``, ``benchmarks.json`` and ``benchmarks.png``. Absolute figures move with
-the machine's neighbours; compare the ratios, which are taken within one run.
+In one run on this machine: start the service (batching on and off), the HTTP floor app (by stock
+uvicorn, and as the service serves) and the naive app as real uvicorn processes, each pinned to one
+core with every thread checked (see ``bench.proc``); drive them with wrk pinned to the other core
+at each concurrency, recording requests/s, p50, p99, errors, the server's CPU use and the
+hypervisor's steal per point, and repeating points taken under high steal. Then two worker
+processes against one, the larger model where batching matters, raw activation evaluation of 1e6
+values against a 4 MB echo, onnxruntime's in-process ``session.run`` (the compute floor) and where
+a request's time goes. Writes ``benchmarks.md``, ``benchmarks.json`` and ``benchmarks.png``.
+Absolute figures move with the machine's neighbours; compare the ratios, which are taken within one
+run.
 """
 
 from __future__ import annotations
@@ -539,9 +540,13 @@ def run(args: argparse.Namespace) -> Results:
             if target.url not in warmed:
                 drive(target, request, 8, 1, args.client_cpu)
                 warmed.add(target.url)
-        for _ in range(args.rounds):  # whole passes, so that each point's rounds spread out
+        for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
+            # Each pass starts the scenarios at a different place, so that no scenario is
+            # always driven just after the same one (a peer that leaves the core's caches
+            # cold, say).
+            shift = round_index * len(scenarios) // args.rounds
             for c in concurrencies:
-                for name, target, request in scenarios:
+                for name, target, request in scenarios[shift:] + scenarios[:shift]:
                     point(name, target, request, c, results.http)
             for c in (1, 4):
                 point("echo floor", floor, activation["echo"], c, results.activations)
@@ -731,8 +736,8 @@ def write_report(results: Results, out: Path) -> None:
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen)",
         f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
-        "concurrency is repeated, and each point reports its round of median req/s (all "
-        "rounds in `rounds`)",
+        "concurrency is repeated, each pass starting the scenarios at a different place, and "
+        "each point reports its round of median req/s (all rounds in `rounds`)",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so each "
         "ratio compares points taken a minute or two apart",
