@@ -318,7 +318,11 @@ class DataPlane:
         assert served.info is not None
         if outputs is None:  # every output, in the model's order, as the request says
             return InferenceResult(
-                served.info, results, {}, request.binary_outputs, inputs, request.id
+                model=served.info,
+                outputs=results,
+                binary_default=request.binary_outputs,
+                inputs=inputs,
+                id=request.id,
             )
         labels = served.info.label_names
         return InferenceResult(
