@@ -438,13 +438,19 @@ def test_a_graceful_stop_exits_0(model_repository: Path, signum: int) -> None:
 
 def read_response(sock: socket.socket, head_only: bool = False) -> tuple[bytes, bytes]:
     """One response's head and body (by its Content-Length) from a kept-alive connection."""
+
+    def more() -> bytes:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        return chunk
+
     data = b""
     while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
+        data += more()
     head, _, body = data.partition(b"\r\n\r\n")
     length = 0 if head_only else int(head.lower().split(b"content-length: ")[1].split()[0])
     while len(body) < length:
-        body += sock.recv(65536)
+        body += more()
     assert len(body) == length, (head, body)
     return head, body
 
