@@ -76,7 +76,7 @@ def _input(tensor: Any, raw: bytes | None) -> RequestInput:
             f"{what}: contents hold {len(values)} values but shape {shape} needs {count}"
         )
     array = np.fromiter(values, dtype=V2_TO_NUMPY[datatype], count=count)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+    if array.dtype.kind == "f" and not codecs.all_finite(array):
         raise BadInputError(f"{what}: contents hold NaN or infinity")
     return RequestInput(array.reshape(shape), tensor.name, datatype)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request, Response
 
 from service import codecs
-from service.rest.routing import get_plane
+from service.rest.routing import Answer, get_plane
 from service.rest.schemas import (
     ActivationList,
     ActivationRequest,
@@ -61,7 +61,7 @@ async def evaluate(
         x = codecs.decode_activation_binary(body, request.headers.get(codecs.SHAPE_HEADER, shape))
         y = await plane.activate(name, x, derivative, kernel)
         content, headers = codecs.encode_activation_binary(y, kernel)
-        return Response(content, headers=headers)
+        return Answer(content, headers)
     x, body_derivative, body_kernel = await plane.codec(
         len(body), codecs.decode_activation_json, body
     )

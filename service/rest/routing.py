@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, get_route_path
 
+from service import codecs
 from service.dataplane import DataPlane
 from service.rest.middleware import (
     CLIENT_CLOSED_REQUEST,
@@ -59,6 +60,18 @@ async def read_body(request: Request) -> bytes:
         if not message.get("more_body", False):
             return b"".join([*chunks, body]) if chunks else body
         chunks.append(body)
+
+
+class Answer(Response):
+    """A response of bytes whose headers are already in ASGI's form (``codecs.Headers``), as
+    the inference routes answer: Starlette's ``Response`` encodes, lower-cases and searches its
+    headers again on every request (about 2 µs for V2's binary answer; this takes under 1)."""
+
+    def __init__(self, body: bytes | memoryview, headers: codecs.Headers) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [(b"content-length", b"%d" % len(body)), *headers]
 
 
 def header(request: Request, name: bytes) -> str | None:

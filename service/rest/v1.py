@@ -8,7 +8,7 @@ from service import codecs
 from service.errors import MethodNotAllowedError
 from service.inference import ModelInfo
 from service.rest.middleware import SERVED_VERSION
-from service.rest.routing import add_model_route, get_plane, read_body
+from service.rest.routing import Answer, add_model_route, get_plane, read_body
 from service.rest.schemas import (
     ModelList,
     ModelSummary,
@@ -28,7 +28,7 @@ async def predict(request: Request, name: str, version: str | None = None) -> Re
     result = await plane.infer(name, version, await plane.codec(len(body), codecs.decode_v1, body))
     request.scope[SERVED_VERSION] = result.model.version
     content = await plane.codec(len(body), codecs.encode_v1, result)
-    return Response(content, media_type=codecs.JSON)
+    return Answer(content, codecs.JSON_HEADERS)
 
 
 # The inference routes come first: routing tries routes in order, on every request.

@@ -8,7 +8,7 @@ from service import codecs
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.rest.middleware import SERVED_VERSION
-from service.rest.routing import add_model_route, get_plane, header, read_body
+from service.rest.routing import Answer, add_model_route, get_plane, header, read_body
 from service.rest.schemas import (
     InferenceRequest,
     InferenceResponse,
@@ -26,7 +26,6 @@ from service.rest.schemas import (
 )
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
-HEADER_LENGTH = codecs.HEADER_LENGTH.lower().encode()
 BINARY_BODY = (
     "The JSON request, then each input's raw little-endian bytes in order; the header "
     "Inference-Header-Content-Length gives the JSON's length."
@@ -45,12 +44,12 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     """Inference with the model (its latest version unless one is named): JSON, or JSON plus
     binary tensors."""
     plane, body = get_plane(request), await read_body(request)
-    header_length = header(request, HEADER_LENGTH)
+    header_length = header(request, codecs.HEADER_LENGTH_KEY)
     decoded = await plane.codec(len(body), codecs.decode_v2, body, header_length)
     result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version
     content, headers = await plane.codec(len(body), codecs.encode_v2, result)
-    return Response(content, headers=headers)
+    return Answer(content, headers)
 
 
 # The inference routes come first: routing tries routes in order, on every request.

@@ -76,6 +76,33 @@ def test_cast_decides_the_float_range_exactly(data, dtype, fits: bool) -> None:
             codecs.cast(array, np.dtype(dtype), "x")
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("values", "finite"),
+    [
+        ([0.5, -2.0], True),
+        ([], True),
+        (["max", "-max"], True),  # the sum of squares overflows: the exact check decides
+        ([1.0, "nan"], False),
+        (["max", "nan"], False),
+        (["-inf", 0.0], False),
+    ],
+)
+def test_raw_tensors_refuse_exactly_nan_and_infinity(dtype, values, finite: bool) -> None:
+    maximum = float(np.finfo(dtype).max)
+    named = {"max": maximum, "-max": -maximum, "nan": np.nan, "-inf": -np.inf}
+    array = np.array([named.get(v, v) for v in values], dtype).reshape(1, -1)
+    datatype = {np.float16: "FP16", np.float32: "FP32", np.float64: "FP64"}[dtype]
+    raw = array.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+    assert codecs.all_finite(array) is finite
+    if finite:
+        got = codecs.raw_tensor(raw, list(array.shape), datatype, "x")
+        np.testing.assert_array_equal(got, array)
+    else:
+        with pytest.raises(BadInputError, match="NaN or infinity"):
+            codecs.raw_tensor(raw, list(array.shape), datatype, "x")
+
+
 def test_encode_v2_puts_binary_outputs_after_the_json() -> None:
     info = ModelInfo(
         name="m", version="1", versions=["1"], platform="onnxruntime_onnx", task="",
@@ -89,10 +116,17 @@ def test_encode_v2_puts_binary_outputs_after_the_json() -> None:
     body, headers = codecs.encode_v2(
         InferenceResult(info, {"y": y, "z": z}, binary={"y": True, "z": False}, id="9")
     )
-    length = int(headers[codecs.HEADER_LENGTH])
+    length = int(dict(headers)[b"inference-header-content-length"])
     response = json.loads(body[:length])
     assert response["id"] == "9" and response["model_version"] == "1"
     assert response["outputs"][0]["parameters"] == {"binary_data_size": 8}
     assert response["outputs"][1]["data"] == [3.0]
     np.testing.assert_array_equal(np.frombuffer(body[length:], "<f4"), [1.0, 2.0])
-    assert headers["content-type"] == codecs.OCTET_STREAM
+    assert dict(headers)[b"content-type"] == codecs.OCTET_STREAM.encode()
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", "=f4"])
+def test_output_bytes_are_little_endian_whatever_the_arrays_order(dtype: str) -> None:
+    values = np.array([[1.5, -2.25], [3.0, 0.125]], dtype)
+    raw = codecs.output_bytes(values[:, ::-1])  # not contiguous either
+    np.testing.assert_array_equal(np.frombuffer(raw, "<f4"), [-2.25, 1.5, 0.125, 3.0])
