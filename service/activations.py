@@ -17,6 +17,8 @@ Input and output: float32 of any shape.
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -420,3 +422,26 @@ class ActivationEvaluator:
             part = flat[start : start + CHUNK]
             out[start : start + CHUNK] = session.run([OUTPUT], {INPUT: part})[0]
         return out.reshape(x.shape)
+
+    def largest_within(self, budget_us: float) -> tuple[int, float]:
+        """The largest array, a power of two of at least 256 and at most ``CHUNK`` values, that
+        every function, derivative and kernel evaluates within ``budget_us``, timed here (the
+        median of 5 runs of the dearest), with that time; (0, the time of 256) if none."""
+        size, within, cost = 256, 0, 0.0
+        while True:
+            x = np.linspace(-8.0, 8.0, size, dtype=np.float32)
+            took = max(self._time(*key, x) for key in self.sessions)
+            if took > budget_us:
+                return within, cost if within else took
+            within, cost = size, took
+            if size >= CHUNK:
+                return within, cost
+            size *= 2
+
+    def _time(self, name: str, derivative: bool, kernel: str, x: np.ndarray) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            self.evaluate(name, x, derivative, kernel)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6

@@ -30,7 +30,9 @@ from service.inference import InferenceRequest, InferenceResult, RequestInput, R
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI scopes and responses carry it
 KERNEL_HEADER = "X-Kernel"
+KERNEL_HEADER_KEY = KERNEL_HEADER.lower().encode()
 SHAPE_HEADER = "X-Shape"
+SHAPE_HEADER_KEY = SHAPE_HEADER.lower().encode()
 OCTET_STREAM = "application/octet-stream"
 JSON = "application/json"
 # Response headers as the ASGI server takes them: lower-case names, bytes.
@@ -483,8 +485,8 @@ def encode_activation_binary(y: np.ndarray, kernel: str) -> tuple[memoryview, He
     """Raw little-endian float32, the shape in ``X-Shape`` and the kernel in ``X-Kernel``: the
     array's own memory, no copy."""
     headers = [
-        (SHAPE_HEADER.lower().encode(), ",".join(map(str, y.shape)).encode()),
-        (KERNEL_HEADER.lower().encode(), kernel.encode()),
+        (SHAPE_HEADER_KEY, ",".join(map(str, y.shape)).encode()),
+        (KERNEL_HEADER_KEY, kernel.encode()),
         *BINARY_HEADERS,
     ]
     return np.ascontiguousarray(y, "<f4").data.cast("B"), headers

@@ -106,6 +106,7 @@ class DataPlane:
         self._drain_listeners: list[Callable[[], object]] = []
         self._codec_threads: anyio.CapacityLimiter | None = None
         self._activation_threads: anyio.CapacityLimiter | None = None
+        self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class DataPlane:
         except ModelLoadError as exc:
             await repository.stop()
             raise StartupError(str(exc)) from None
+        self._activation_inline = await self._activation_inline_limit(self._activations)
         if not repository.names():
             logger.warning("model repository %s: no model is serving", root)
         if settings.model_control_mode == "poll":
@@ -462,7 +464,8 @@ class DataPlane:
     async def activate(
         self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
     ) -> np.ndarray:
-        """Evaluate activation ``name`` (or its derivative) elementwise, off the event loop."""
+        """Evaluate activation ``name`` (or its derivative) elementwise: on the event loop for
+        a small array, on a thread otherwise."""
         evaluator = self._evaluator()
         self.check_activation(name)
         limit = self.settings.max_activation_elements
@@ -471,9 +474,29 @@ class DataPlane:
                 f"array of {x.size} values is above the maximum of {limit} "
                 "(GELU_MAX_ACTIVATION_ELEMENTS)"
             )
+        if x.size <= self._activation_inline:  # bounded: see _activation_inline_limit
+            return evaluator.evaluate(name, x, derivative, kernel)
         return await anyio.to_thread.run_sync(
             evaluator.evaluate, name, x, derivative, kernel, limiter=self._activation_threads
         )
+
+    async def _activation_inline_limit(self, evaluator: ActivationEvaluator) -> int:
+        """The largest array evaluated on the event loop, as for a model's batches
+        (``GELU_INLINE_MAX_US``): handing a few hundred values to a thread and waking the loop
+        again costs more than evaluating them; larger arrays go to a thread."""
+        bound = self.settings.inline_max_us
+        if not bound or not self.settings.warmup_runs:
+            return 0
+        limit, cost = await anyio.to_thread.run_sync(evaluator.largest_within, bound)
+        logger.info(
+            "activations: arrays up to %d values evaluate on the event loop (%s %.0f µs, "
+            "bound %d µs)",
+            limit,
+            f"{limit} values took" if limit else "256 values took",
+            cost,
+            bound,
+        )
+        return limit
 
     def _evaluator(self) -> ActivationEvaluator:
         if self._activations is None:

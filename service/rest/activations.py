@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from service import codecs
-from service.rest.routing import Answer, get_plane
+from service.activations import KERNELS
+from service.errors import BadInputError
+from service.rest.routing import Answer, DirectRoute, get_plane, header, read_body
 from service.rest.schemas import (
     ActivationList,
     ActivationRequest,
@@ -33,32 +35,61 @@ async def list_activations(request: Request) -> Response:
     return Response(codecs.dumps(body), media_type=codecs.JSON)
 
 
-@router.post(
-    "/v1/activations/{name}",
-    response_model=ActivationResponse,
-    responses=responses(
-        400, 404, 413, 503, binary="raw little-endian float32, its shape in X-Shape"
-    ),
-    openapi_extra=request_body(ActivationRequest, BINARY_BODY),
-)
-async def evaluate(
-    name: str,
-    request: Request,
-    derivative: bool = Query(False, description="evaluate the derivative instead"),
-    shape: str | None = Query(None, description="binary bodies: the array's shape, e.g. 1000,1000"),
-    kernel: str | None = Query(
-        None,
-        description="accurate (the default: within 1 float32 ULP of the exact value) or "
+# Its query parameters, documented here: the route reads them itself (a direct route, see
+# ``service.rest.routing``), as FastAPI would, with a 400 for one it cannot read.
+QUERY_PARAMETERS = [
+    {
+        "name": "derivative",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "boolean", "default": False},
+        "description": "evaluate the derivative instead",
+    },
+    {
+        "name": "shape",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "binary bodies: the array's shape, e.g. 1000,1000",
+    },
+    {
+        "name": "kernel",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": list(KERNELS)},
+        "description": "accurate (the default: within 1 float32 ULP of the exact value) or "
         "native (the ONNX op an exported model runs; functions only)",
-    ),
-) -> Response:
+    },
+]
+# What FastAPI (pydantic) reads as a boolean, in any case.
+BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True}
+BOOLEANS |= {"false": False, "0": False, "no": False, "off": False, "f": False, "n": False}
+
+
+def flag(value: str | None, name: str) -> bool:
+    """A boolean query parameter (false when absent)."""
+    if value is None:
+        return False
+    try:
+        return BOOLEANS[value.lower()]
+    except KeyError:
+        raise BadInputError(
+            f"query parameter {name!r} must be true or false, got {value!r}"
+        ) from None
+
+
+async def evaluate(request: Request, name: str) -> Response:
     """Evaluate one activation (or its derivative) elementwise on an array of any shape."""
     plane = get_plane(request)
+    query = request.query_params
+    derivative = flag(query.get("derivative"), "derivative")
+    kernel = query.get("kernel")
     plane.check_activation(name)
-    body = await request.body()
-    if request.headers.get("content-type", "").startswith(codecs.OCTET_STREAM):
+    body = await read_body(request)
+    if (header(request, b"content-type") or "").startswith(codecs.OCTET_STREAM):
         kernel = plane.check_kernel(name, derivative, kernel)
-        x = codecs.decode_activation_binary(body, request.headers.get(codecs.SHAPE_HEADER, shape))
+        shape = header(request, codecs.SHAPE_HEADER_KEY) or query.get("shape")
+        x = codecs.decode_activation_binary(body, shape)
         y = await plane.activate(name, x, derivative, kernel)
         content, headers = codecs.encode_activation_binary(y, kernel)
         return Answer(content, headers)
@@ -71,4 +102,17 @@ async def evaluate(
     encoded = await plane.codec(
         len(body), codecs.encode_activation_json, name, derivative, kernel, y
     )
-    return Response(encoded, media_type=codecs.JSON)
+    return Answer(encoded, codecs.JSON_HEADERS)
+
+
+router.add_api_route(
+    "/v1/activations/{name}",
+    evaluate,
+    methods=["POST"],
+    route_class_override=DirectRoute,
+    response_model=ActivationResponse,
+    responses=responses(
+        400, 404, 413, 503, binary="raw little-endian float32, its shape in X-Shape"
+    ),
+    openapi_extra={**request_body(ActivationRequest, BINARY_BODY), "parameters": QUERY_PARAMETERS},
+)

@@ -39,8 +39,9 @@ logger = logging.getLogger("gelu_serve")
 
 
 class ServiceApp(FastAPI):
-    """FastAPI, with the direct routes (inference) served ahead of its middleware stack; see
-    ``service.rest.routing``. Middleware added with ``add_middleware`` does not see them."""
+    """FastAPI, with the direct routes (inference and activations) served ahead of its
+    middleware stack; see ``service.rest.routing``. Middleware added with ``add_middleware``
+    does not see them."""
 
     direct_routes: DirectRoutes | None = None
 
@@ -129,7 +130,7 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
     )
     app.add_middleware(MetricsMiddleware, metrics=plane.metrics, known=plane.knows_model)
     # The routers are included without a prefix: their routes' paths are the app's.
-    direct = [*v1.router.routes, *v2.router.routes]
+    direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]
     app.direct_routes = DirectRoutes(direct, plane)
     # The router handles the lifespan scope; an instance attribute replaces its method there.
     app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]

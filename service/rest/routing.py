@@ -3,12 +3,13 @@
 Routes take the core from the app's state with ``get_plane(request)``. ``add_model_route``
 registers one endpoint on a model's path and on its ``/versions/{version}`` form.
 
-The inference routes are ``DirectRoute``s, served by ``DirectRoutes`` ahead of FastAPI's
-middleware and routing: under load, FastAPI's and Starlette's layers (error middleware,
-telemetry, body limit, exception middleware, exit stack, router, dependency resolution) cost
-more per request than a small model's run (py-spy under wrk; see docs/benchmarks.md). This is
-the one departure from FastAPI's usual way; a direct route still gets the service's body limit,
-metrics and error handler, and is documented in OpenAPI like any other route.
+The inference and activation routes are ``DirectRoute``s, served by ``DirectRoutes`` ahead of
+FastAPI's middleware and routing: under load, FastAPI's and Starlette's layers (error
+middleware, telemetry, body limit, exception middleware, exit stack, router, dependency
+resolution) cost more per request than a small model's run (py-spy under wrk; see
+docs/benchmarks.md). This is the one departure from FastAPI's usual way; a direct route still
+gets the service's body limit, metrics and error handler, and is documented in OpenAPI like any
+other route. It reads its own query parameters, if it has any, and documents them.
 """
 
 from __future__ import annotations

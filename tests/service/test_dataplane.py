@@ -7,12 +7,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from service.activations import CHUNK
 from service.dataplane import DataPlane
 from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
@@ -64,7 +66,7 @@ async def test_activations_run_one_at_a_time_per_core(
     """Concurrent activation requests never evaluate more at once than the process has cores
     (each evaluation on one onnxruntime thread, the default): more would only share cores and
     hold more memory."""
-    core = DataPlane(settings_factory())
+    core = DataPlane(settings_factory(inline_max_us=0))  # every array on a thread
     await core.start()
     try:
         evaluator = core._evaluator()
@@ -89,6 +91,36 @@ async def test_activations_run_one_at_a_time_per_core(
             for _ in range(8):
                 group.start_soon(core.activate, "gelu", x)
         assert most == len(os.sched_getaffinity(0))
+    finally:
+        await core.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bound_us", [0, 50_000])
+async def test_small_arrays_evaluate_on_the_event_loop(
+    settings_factory, monkeypatch: pytest.MonkeyPatch, bound_us: int
+) -> None:
+    """Arrays that every kernel evaluates within GELU_INLINE_MAX_US (timed at start-up) run
+    on the event loop; larger ones, and every one with a bound of 0, on a thread."""
+    core = DataPlane(settings_factory(inline_max_us=bound_us))
+    await core.start()
+    try:
+        evaluator = core._evaluator()
+        threads: list[int] = []
+        evaluate = evaluator.evaluate
+
+        def recorded(*args: Any) -> np.ndarray:
+            threads.append(threading.get_ident())
+            return evaluate(*args)
+
+        monkeypatch.setattr(evaluator, "evaluate", recorded)
+        limit = core._activation_inline
+        assert (limit == 0) if bound_us == 0 else (256 <= limit <= CHUNK)
+        for size in (1, limit, limit + 1) if limit else (1, 1000):
+            x = np.linspace(-3, 3, size, dtype=np.float32)
+            np.testing.assert_array_equal(await core.activate("gelu", x), evaluate("gelu", x))
+        on_loop = [t == threading.get_ident() for t in threads]
+        assert on_loop == ([False, False] if bound_us == 0 else [True, True, False])
     finally:
         await core.stop()
 
