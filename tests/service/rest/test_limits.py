@@ -219,13 +219,34 @@ def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
     assert b'"predictions"' in answer
 
 
-@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_read_in_one_piece_is_handed_on_without_a_copy() -> None:
+    from service.rest.protocol import _Pieces
+
+    body = _Pieces()
+    piece = os.urandom(1 << 20)
+    body += piece
+    assert len(body) == len(piece) and bytes(body) is piece
+    body += b"tail"
+    assert len(body) == len(piece) + 4 and bytes(body) == piece + b"tail"
+    assert bytes(_Pieces()) == b""
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "chunked at once"])
 def test_a_body_sent_in_pieces_is_read_whole(server: int, framing: str) -> None:
     """A body that reaches the server in several reads (the route reads it message by
-    message) gets the same answer as one sent at once."""
+    message), or in many chunks of one read (the protocol joins them into one message), gets
+    the same answer as one sent at once."""
     pieces = [PREDICT_BODY[:7], PREDICT_BODY[7:150], PREDICT_BODY[150:]]
     with connect(server) as sock:
-        if framing == "chunked":
+        if framing == "chunked at once":
+            head = request_bytes("POST", PREDICT).replace(
+                b"Content-Length: 0", b"Transfer-Encoding: chunked"
+            )
+            cut = range(0, len(PREDICT_BODY), 5)
+            chunks = [PREDICT_BODY[i : i + 5] for i in cut]
+            head += b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+            pieces = []
+        elif framing == "chunked":
             head = request_bytes("POST", PREDICT).replace(
                 b"Content-Length: 0", b"Transfer-Encoding: chunked"
             )
