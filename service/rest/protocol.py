@@ -17,6 +17,9 @@ It also settles what a lost connection means for its request. A client that half
 lost (reset, or closed by a timeout above) cancels its request's task, so work queued for a
 client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key tells the app
 that this cancellation is not a shutdown's.
+
+Two savings on every request: a response's head goes out with its body's first write
+(``_HeadWithBody``), and a request body's pieces are handed on as they came (``_Pieces``).
 """
 
 from __future__ import annotations
