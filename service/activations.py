@@ -17,10 +17,9 @@ Input and output: float32 of any shape.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from contract.names import EVALUATED_ACTIVATIONS
-from service.runtime import SessionFactory
+from service.runtime import SessionFactory, largest_within, median_us
 
 OPSET = 20
 IR_VERSION = 10  # onnx's default IR is newer than onnxruntime 1.31 accepts
@@ -424,24 +423,14 @@ class ActivationEvaluator:
         return out.reshape(x.shape)
 
     def largest_within(self, budget_us: float) -> tuple[int, float]:
-        """The largest array, a power of two of at least 256 and at most ``CHUNK`` values, that
-        every function, derivative and kernel evaluates within ``budget_us``, timed here (the
-        median of 5 runs of the dearest), with that time; (0, the time of 256) if none."""
-        size, within, cost = 256, 0, 0.0
-        while True:
-            x = np.linspace(-8.0, 8.0, size, dtype=np.float32)
-            took = max(self._time(*key, x) for key in self.sessions)
-            if took > budget_us:
-                return within, cost if within else took
-            within, cost = size, took
-            if size >= CHUNK:
-                return within, cost
-            size *= 2
+        """The largest array, a power of two from 256 to ``CHUNK`` values, that every function,
+        derivative and kernel evaluates within ``budget_us``, timed here (the median of 5 runs
+        of the dearest), with that time; (0, the time of 256) if none."""
+        return largest_within(self._time_dearest, budget_us, 256, CHUNK)
 
-    def _time(self, name: str, derivative: bool, kernel: str, x: np.ndarray) -> float:
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            self.evaluate(name, x, derivative, kernel)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e6
+    def _time_dearest(self, size: int) -> float:
+        x = np.linspace(-8.0, 8.0, size, dtype=np.float32)
+        return max(
+            median_us(partial(self.evaluate, name, x, derivative, kernel))
+            for name, derivative, kernel in self.sessions
+        )

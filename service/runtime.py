@@ -34,6 +34,33 @@ from service.errors import ModelLoadError
 logger = logging.getLogger("gelu_serve")
 
 
+def median_us(run: Callable[[], object], runs: int = 5) -> float:
+    """The median time of ``runs`` calls of ``run``, in microseconds."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def largest_within(
+    time_of: Callable[[int], float], budget_us: float, smallest: int, largest: int
+) -> tuple[int, float]:
+    """The largest size, doubling from ``smallest`` up to ``largest`` (or ``largest`` itself),
+    that ``time_of(size)`` (µs) keeps within ``budget_us``, with its time; (0, the time of
+    ``smallest``) if none. What runs on the event loop, for model batches and activations."""
+    size, within, cost = smallest, 0, 0.0
+    while True:
+        took = time_of(size)
+        if took > budget_us:
+            return within, cost if within else took
+        within, cost = size, took
+        if size >= largest:
+            return within, cost
+        size = min(size * 2, largest)
+
+
 def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
     """Session options shared by model and activation sessions."""
     options = ort.SessionOptions()
@@ -142,28 +169,14 @@ class Model:
     def time_run(self, batch: int, runs: int = 5) -> float:
         """The median time of one run on a batch of ``batch`` zeros, in microseconds."""
         feed = self.example_feed(batch)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.infer(feed)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e6
+        return median_us(lambda: self.infer(feed), runs)
 
     def largest_batch_within(self, budget_us: float, largest: int) -> tuple[int, float]:
         """The largest power-of-two batch up to ``largest`` (or ``largest`` itself) whose run
         takes at most ``budget_us``, timed here, with its time; (0, time of one) if none. A
         model without a batch axis runs one request at a time: 1 or 0."""
-        batch, within, cost = 1, 0, 0.0
-        if not self.config.max_batch_size:
-            largest = 1
-        while True:
-            took = self.time_run(batch)
-            if took > budget_us:
-                return within, cost if within else took
-            within, cost = batch, took
-            if batch >= largest:
-                return within, cost
-            batch = min(batch * 2, largest)
+        largest = largest if self.config.max_batch_size else 1
+        return largest_within(self.time_run, budget_us, 1, largest)
 
     def check_against_config(self) -> None:
         """The session's inputs and outputs must be exactly those ``config.pbtxt`` declares."""
