@@ -2,10 +2,10 @@
 constant JSON, or echoing the body back, with no model, codec or metrics: ``/floor`` for small
 inference requests, ``/echo`` for the activation endpoint's large binary bodies.
 
-``make bench`` serves them with stock uvicorn, and ``/floor`` also as the service serves
-(``--http``: its own protocol, which writes a response's head with its body): the service's
-inference routes skip FastAPI's per-request layers and may pass the stock floor, so the second
-says how much of that is the server rather than the app."""
+``make bench`` serves them with stock uvicorn, and also as the service serves (``--http``: its
+own protocol, which writes a response's head with its body and hands a request body on with
+fewer copies): the service's routes skip FastAPI's per-request layers and may pass the stock
+floors, so the second says how much of that is the server rather than the app."""
 
 from __future__ import annotations
 

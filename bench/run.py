@@ -124,6 +124,7 @@ def server(
 
 
 FLOOR_AS_SERVED = "http floor, served as the service serves"
+ECHO_AS_SERVED = "echo floor, served as the service serves"
 
 
 @contextmanager
@@ -550,6 +551,7 @@ def run(args: argparse.Namespace) -> Results:
                     point(name, target, request, c, results.http)
             for c in (1, 4):
                 point("echo floor", floor, activation["echo"], c, results.activations)
+                point(ECHO_AS_SERVED, floor_served, activation["echo"], c, results.activations)
                 point("gelu, float32 binary", on, activation["binary"], c, results.activations)
                 point(
                     "gelu native, float32 binary", on, activation["native"], c, results.activations
@@ -659,6 +661,15 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
                     f"{share:.0%} ({megabytes(gelu):.0f} / {megabytes(echo):.0f} MB/s)",
                     share >= TARGET_ACTIVATION_RATIO,
                 ))  # fmt: skip
+                served = results.find(results.activations, ECHO_AS_SERVED, c)
+                if served and kernel == "native":
+                    rows.append((
+                        f"activation (native kernel) at c={c} against the echo served as the "
+                        "service serves (no target: the route's share alone)",
+                        f"{gelu['rps'] / served['rps']:.0%} ({megabytes(gelu):.0f} / "
+                        f"{megabytes(served):.0f} MB/s)",
+                        True,
+                    ))  # fmt: skip
     ours: list[dict[str, Any]] = []
     for row in results.http + results.activations:
         if not row["scenario"].startswith(PEERS):

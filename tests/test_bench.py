@@ -47,13 +47,15 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     points = [(r["scenario"], r["concurrency"]) for r in report["http"] + report["activations"]]
     assert len(points) == len(set(points))
     activations = {(a["scenario"], a["concurrency"]) for a in report["activations"]}
-    assert {("echo floor", 1), ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations
+    assert {("echo floor", 1), ("echo floor, served as the service serves", 4),
+            ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations  # fmt: skip
     assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
     assert report["breakdown"]["onnxruntime run, batch of 1"] > 0
     markdown = (tmp_path / "benchmarks.md").read_text()
     zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
     assert zero in markdown
     assert "c=4 against the floor served as the service serves" in markdown
+    assert "c=4 against the echo served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
