@@ -107,7 +107,7 @@ class BodyLimits:
         for key, value in scope["headers"]:
             if key == b"content-type":
                 binary = binary or value.startswith(b"application/octet-stream")
-            elif key == b"inference-header-content-length":
+            elif key == codecs.HEADER_LENGTH_KEY:
                 binary = True
                 if value.isdigit() and int(value) > self.max_json_bytes:
                     raise self._too_large(int(value), "JSON header")
