@@ -18,13 +18,16 @@ lost (reset, or closed by a timeout above) cancels its request's task, so work q
 client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key tells the app
 that this cancellation is not a shutdown's.
 
-Two savings on every request: a response's head goes out with its body's first write
-(``_HeadWithBody``), and a request body's pieces are handed on as they came (``_Pieces``).
+Savings on every request: a response's head goes out with its body's first write
+(``_HeadWithBody``), and a request body's pieces are handed on as they came (``_Pieces``). A
+large body framed by Content-Length is read by the kernel straight into the ``bytes`` the app is
+handed (``_BodyReader``), not copied piece by piece by the event loop, the parser and the route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +56,7 @@ class ConnectionLimits:
     body_timeout_seconds: float
     max_header_bytes: int
     max_headers: int
+    max_body_bytes: int
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
@@ -64,6 +68,7 @@ class ConnectionLimits:
             body_timeout_seconds=settings.body_timeout_seconds,
             max_header_bytes=settings.max_header_bytes,
             max_headers=settings.max_headers,
+            max_body_bytes=settings.max_body_bytes,
         )
 
 
@@ -93,6 +98,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unparsed_bytes = 0  # received while the headers are incomplete
         self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
+        self._in_body = False  # between a request's headers and its end
+        self._body_bytes = 0  # of the current request's body, parsed so far
         self._writer: _HeadWithBody | None = None  # what the current request's answer goes to
 
     # ---- connection ----------------------------------------------------------------------------
@@ -153,6 +160,49 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._unparsed_bytes += len(data)
             if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
+        elif self._in_body and not self.pipeline:
+            self._read_rest_of_body()
+
+    def _read_rest_of_body(self) -> None:
+        """Have the rest of a large body framed by Content-Length read into the ``bytes`` the
+        app will be handed, after what the app has not read yet of it (``_BodyReader``); the
+        app then gets the body in one message. A smaller, chunked or over-limit body stays
+        with the parser (an over-limit one is refused by the app, by its Content-Length)."""
+        length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = int(value)  # digits: the parser has checked them
+            elif name == b"transfer-encoding":
+                return
+        cycle: Any = self.cycle
+        if length is None or length > self.limits.max_body_bytes or cycle.response_complete:
+            return
+        rest = length - self._body_bytes
+        if rest < DIRECT_BODY_BYTES:
+            return
+        unread = bytes(cycle.body)
+        body, storage = _unfilled_bytes(len(unread) + rest)
+        storage[: len(unread)] = unread
+        cycle.body = bytearray()
+        cycle.message_event.clear()  # nothing to read until the body is whole
+        self.transport.set_protocol(_BodyReader(self, body, storage, len(unread)))
+
+    def body_read(self, body: bytes) -> None:
+        """The ``_BodyReader`` has read the whole body: hand it to the app as the request's
+        last message, and parse the next request with a new parser (this one is still inside
+        the body it did not see)."""
+        self.transport.set_protocol(self)
+        cycle: Any = self.cycle
+        if not cycle.response_complete:
+            pieces = cycle.body = _Pieces()
+            pieces += body
+        self.parser = self._new_parser()
+        self.on_message_complete()
+
+    def _new_parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+        return parser
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # As uvicorn's, keeping the task: a lost connection cancels it.
@@ -177,6 +227,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._reading_headers = True
         self._unparsed_bytes = 0
+        self._body_bytes = 0
         self._arm(self.limits.header_timeout_seconds, "headers", "GELU_HEADER_TIMEOUT_SECONDS")
 
     def on_headers_complete(self) -> None:
@@ -192,6 +243,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if size > limits.max_header_bytes:
                 raise _Refusal(431, self._header_limit_message())
         self._reading_headers = False
+        self._in_body = True
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
         super().on_headers_complete()
 
@@ -199,10 +251,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle: Any = self.cycle
         if type(cycle.body) is not _Pieces:  # uvicorn's bytearray: a new cycle, or after a read
             cycle.body = _Pieces()
+        self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._deadline = None
+        self._in_body = False
         super().on_message_complete()
 
     # ---- refusals ------------------------------------------------------------------------------
@@ -273,6 +327,72 @@ class _Pieces:
     def __bytes__(self) -> bytes:
         pieces = self.pieces
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+# A body with at least this much left to arrive after its headers' read is read by _BodyReader
+# (below it, the read's set-up costs more than the copies it saves).
+DIRECT_BODY_BYTES = 64 * 1024
+
+# The C API's own way to fill a bytes object (as socket.recv does): create it uninitialised,
+# write into its buffer, and only then hand it to anyone. Its documentation allows modifying
+# that buffer exactly then: https://docs.python.org/3/c-api/bytes.html#c.PyBytes_AsString
+_new_bytes = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
+    ("PyBytes_FromStringAndSize", ctypes.pythonapi)
+)
+_bytes_buffer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    ("PyBytes_AsString", ctypes.pythonapi)
+)
+
+
+def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` of ``size`` uninitialised bytes and a writable view of them. Keep the
+    ``bytes`` referenced while the view is used, and hand it on only once it is filled."""
+    body: bytes = _new_bytes(None, size)
+    storage = (ctypes.c_char * size).from_address(_bytes_buffer(body))
+    return body, memoryview(storage).cast("B")
+
+
+class _BodyReader(asyncio.BufferedProtocol):
+    """The rest of a request body, read by the kernel straight into the ``bytes`` the app will
+    be handed (``storage`` is its buffer), from ``filled`` on. While the body arrives this is
+    the transport's protocol (uvloop reads into the buffer a buffered protocol gives it); then
+    the HTTP protocol is again (``body_read``).
+
+    The kernel's copy is then the only one. uvicorn's way makes three more of every piece of a
+    large body, all on the event loop: the event loop's, into a new ``bytes`` per read; the
+    parser's, into another per body piece; and the route's join of the pieces. The storage ends
+    where the body does, so a pipelined request after it is read by the parser.
+    """
+
+    __slots__ = ("body", "filled", "http", "storage")
+
+    def __init__(
+        self, http: GuardedHttpProtocol, body: bytes, storage: memoryview, filled: int
+    ) -> None:
+        self.http = http
+        self.body = body  # keeps the storage alive
+        self.storage = storage
+        self.filled = filled
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.storage[self.filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.filled == len(self.body):
+            self.http.body_read(self.body)
+
+    # The connection's other events are the HTTP protocol's, but for the end of the client's
+    # input: mid-body, its request can never complete, and the default, closing the
+    # connection, is what the HTTP protocol would do (the loss then cancels the request).
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.http.resume_writing()
 
 
 class _HeadWithBody:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -15,7 +17,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from tests.helpers import DIGITS
@@ -31,6 +35,7 @@ LIMITS = {
     "GELU_MAX_HEADER_BYTES": "4096",
     "GELU_MAX_HEADERS": "20",
     "GELU_MAX_CONNECTIONS": "40",
+    "GELU_MAX_JSON_BYTES": "100000",
     "GELU_DRAIN_SECONDS": "0",
 }
 PREDICT = "/v1/models/digits-mlp:predict"
@@ -140,9 +145,11 @@ def test_slow_headers_get_408(server: int) -> None:
     assert time.monotonic() - began < 4
 
 
-def test_a_slow_body_gets_408(server: int) -> None:
+@pytest.mark.parametrize("length", [400, 90_000])  # the larger one is read by _BodyReader
+def test_a_slow_body_gets_408(server: int, length: int) -> None:
     with connect(server) as sock:
-        sock.sendall(request_bytes("POST", PREDICT)[:-2].replace(b"Length: 0", b"Length: 400"))
+        head = request_bytes("POST", PREDICT)[:-2]
+        sock.sendall(head.replace(b"Length: 0", b"Length: %d" % length))
         sock.sendall(b"\r\n")
         try:
             for _ in range(20):
@@ -269,15 +276,182 @@ def test_a_body_sent_in_pieces_is_read_whole(server: int, framing: str) -> None:
     assert answer.partition(b"\r\n\r\n")[2] == at_once.partition(b"\r\n\r\n")[2]
 
 
-def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int) -> None:
+@pytest.mark.parametrize("length", [1000, 90_000])  # the larger one is read by _BodyReader
+def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int, length: int) -> None:
     """Its body can never complete: the connection closes now, not at the body timeout."""
     with connect(server) as sock:
-        head = request_bytes("POST", PREDICT).replace(b"Length: 0", b"Length: 1000")
+        head = request_bytes("POST", PREDICT).replace(b"Length: 0", b"Length: %d" % length)
         sock.sendall(head + b'{"instances": [[')
         sock.shutdown(socket.SHUT_WR)
         began = time.monotonic()
         assert read_all(sock) == b""
         assert time.monotonic() - began < 0.5  # GELU_BODY_TIMEOUT_SECONDS is 1 here
+
+
+# 400 kB of float32: all but the first read of it is read by service.rest.protocol._BodyReader.
+LARGE = np.linspace(-5, 5, 100_000, dtype="<f4")
+ACTIVATION = "/v1/activations/gelu"
+
+
+def octet_request(body: bytes, headers: str = "") -> bytes:
+    return (
+        f"POST {ACTIVATION} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(body)}\r\n{headers}\r\n"
+    ).encode() + body
+
+
+def gelu_in_small_requests(port: int, x: np.ndarray) -> bytes:
+    """GELU of ``x`` asked for 8,000 values (32 kB) at a time: bodies the parser reads."""
+    answers = []
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    octet = {"Content-Type": "application/octet-stream"}
+    for start in range(0, x.size, 8000):
+        connection.request("POST", ACTIVATION, x[start : start + 8000].tobytes(), octet)
+        response = connection.getresponse()
+        assert response.status == 200
+        answers.append(response.read())
+    connection.close()
+    return b"".join(answers)
+
+
+def test_a_large_body_in_pieces_is_read_whole_and_what_follows_it_is_parsed(server: int) -> None:
+    """A large body is read apart from the parser; the request pipelined right after it, and
+    the next large request on the connection, are still parsed and answered."""
+    expected = gelu_in_small_requests(server, LARGE)
+    request = octet_request(LARGE.tobytes())
+    with connect(server) as sock:
+        cuts = [0, len(request) - LARGE.nbytes + 1000, len(request) // 2, len(request)]
+        for start, end in itertools.pairwise(cuts):
+            time.sleep(0.05)
+            tail = request_bytes("GET", "/v2/health/live") if end == len(request) else b""
+            sock.sendall(request[start:end] + tail)
+        rest = bytearray()
+        head, body = read_response(sock, rest=rest)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        assert body == expected
+        head, body = read_response(sock, rest=rest)
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"live": True}
+        sock.sendall(request)
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 ") and body == expected
+
+
+def test_a_large_body_after_100_continue(server: int) -> None:
+    request = octet_request(LARGE.tobytes(), "Expect: 100-continue\r\n")
+    with connect(server) as sock:
+        sock.sendall(request[: -LARGE.nbytes])
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(request[-LARGE.nbytes :])
+        head, body = read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert body == gelu_in_small_requests(server, LARGE)
+
+
+def test_a_large_body_refused_by_its_length_is_passed_over(server: int) -> None:
+    """A JSON body above GELU_MAX_JSON_BYTES (100 kB here), within the body limit: 413 from its
+    Content-Length, before it is read; it is read past, and the connection serves on."""
+    body = b"[" + b"0, " * 60_000 + b"0]"
+    with connect(server) as sock:
+        sock.sendall(request_bytes("POST", PREDICT, body) + request_bytes("GET", "/v2/health/live"))
+        rest = bytearray()
+        head, answer = read_response(sock, rest=rest)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        assert "GELU_MAX_JSON_BYTES" in json.loads(answer)["error"]
+        head, answer = read_response(sock, rest=rest)
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(answer) == {"live": True}
+
+
+class FakeTransport:
+    """What ``GuardedHttpProtocol`` uses of uvloop's transport, recording writes and which
+    protocol the connection's reads go to."""
+
+    def __init__(self) -> None:
+        self.protocol: Any = None
+        self.written = b""
+        self.closed = False
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_the_body_reader_fills_the_bytes_the_app_is_handed() -> None:
+    """In process, reads as uvloop makes them for a buffered protocol: the app gets the whole
+    body in one message, as the very ``bytes`` the reads went into, what came with the headers
+    at its start; the connection's reads go to the HTTP protocol again after it. A connection
+    lost mid-body is the HTTP protocol's loss."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from service.rest.protocol import ConnectionLimits, _BodyReader, guarded_protocol
+
+    received: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        received.append(await receive())
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> None:
+        config = Config(app=app, lifespan="off", log_level="warning")
+        config.load()
+        limits = ConnectionLimits(2, 5.0, 5.0, 5.0, 8192, 100, 1 << 20)
+        state, loop = ServerState(), asyncio.get_running_loop()
+
+        def connected() -> tuple[Any, FakeTransport]:
+            protocol = guarded_protocol(limits)(
+                config=config, server_state=state, app_state={}, _loop=loop
+            )
+            transport = FakeTransport()
+            protocol.connection_made(cast(asyncio.Transport, transport))
+            return protocol, transport
+
+        protocol, transport = connected()
+        body = os.urandom(300_000)
+        protocol.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
+        reader = transport.protocol
+        assert isinstance(reader, _BodyReader)
+        for start in range(1000, len(body), 65536):
+            piece = body[start : start + 65536]
+            reader.get_buffer(-1)[: len(piece)] = piece
+            reader.buffer_updated(len(piece))
+        assert transport.protocol is protocol
+        protocol.data_received(b"GET / HTTP/1.1\r\n\r\n")  # the next request, by the parser
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert received[0] == {"type": "http.request", "body": body, "more_body": False}
+        assert received[0]["body"] is reader.body
+        assert received[1] == {"type": "http.request", "body": b"", "more_body": False}
+        assert transport.written.count(b"HTTP/1.1 204 ") == 2
+
+        lost, transport = connected()
+        lost.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
+        assert isinstance(transport.protocol, _BodyReader) and lost in state.connections
+        transport.protocol.connection_lost(ConnectionResetError())
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert lost not in state.connections
+        assert lost._task.cancelled() and len(received) == 2  # its request was dropped
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
 
 
 def test_malformed_http_gets_400_in_the_one_error_shape(server: int) -> None:
@@ -457,8 +631,11 @@ def test_a_graceful_stop_exits_0(model_repository: Path, signum: int) -> None:
 # ---- how answers are written ------------------------------------------------------------------
 
 
-def read_response(sock: socket.socket, head_only: bool = False) -> tuple[bytes, bytes]:
-    """One response's head and body (by its Content-Length) from a kept-alive connection."""
+def read_response(
+    sock: socket.socket, head_only: bool = False, rest: bytearray | None = None
+) -> tuple[bytes, bytes]:
+    """One response's head and body (by its Content-Length) from a kept-alive connection;
+    with ``rest``, what was read beyond it is kept there, and read from there first."""
 
     def more() -> bytes:
         chunk = sock.recv(65536)
@@ -466,12 +643,16 @@ def read_response(sock: socket.socket, head_only: bool = False) -> tuple[bytes, 
         return chunk
 
     data = b""
+    if rest is not None:
+        data, rest[:] = bytes(rest), b""
     while b"\r\n\r\n" not in data:
         data += more()
     head, _, body = data.partition(b"\r\n\r\n")
     length = 0 if head_only else int(head.lower().split(b"content-length: ")[1].split()[0])
     while len(body) < length:
         body += more()
+    if rest is not None:
+        rest[:], body = body[length:], body[:length]
     assert len(body) == length, (head, body)
     return head, body
 
