@@ -181,7 +181,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if rest < DIRECT_BODY_BYTES:
             return
         unread = bytes(cycle.body)
-        body, storage = _unfilled_bytes(len(unread) + rest)
+        try:
+            body, storage = _unfilled_bytes(len(unread) + rest)
+        except MemoryError:  # not now: the parser reads it as it comes
+            return
         storage[: len(unread)] = unread
         cycle.body = bytearray()
         cycle.message_event.clear()  # nothing to read until the body is whole
