@@ -361,10 +361,11 @@ class _BodyReader(asyncio.BufferedProtocol):
     the transport's protocol (uvloop reads into the buffer a buffered protocol gives it); then
     the HTTP protocol is again (``body_read``).
 
-    The kernel's copy is then the only one. uvicorn's way makes three more of every piece of a
-    large body, all on the event loop: the event loop's, into a new ``bytes`` per read; the
-    parser's, into another per body piece; and the route's join of the pieces. The storage ends
-    where the body does, so a pipelined request after it is read by the parser.
+    The kernel's copy is then the only one. Through the parser, every piece of a large body is
+    copied three more times, all on the event loop: by uvloop, into a new ``bytes`` per read;
+    by the parser, into another per body piece; and by the route, joining the pieces (stock
+    uvicorn adds two, see ``_Pieces``). The storage ends where the body does, so a pipelined
+    request after it is read by the parser.
     """
 
     __slots__ = ("body", "filled", "http", "storage")
