@@ -98,7 +98,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unparsed_bytes = 0  # received while the headers are incomplete
         self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
-        self._in_body = False  # between a request's headers and its end
+        # Whether _read_rest_of_body is still to decide, once per request, who reads the rest
+        # of its body: set by the request's headers, cleared by the decision or the request's end.
+        self._body_undecided = False
         self._body_bytes = 0  # of the current request's body, parsed so far
         self._writer: _HeadWithBody | None = None  # what the current request's answer goes to
 
@@ -160,7 +162,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._unparsed_bytes += len(data)
             if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
-        elif self._in_body and not self.pipeline:
+        elif self._body_undecided and not self.pipeline:
+            self._body_undecided = False
             self._read_rest_of_body()
 
     def _read_rest_of_body(self) -> None:
@@ -246,7 +249,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if size > limits.max_header_bytes:
                 raise _Refusal(431, self._header_limit_message())
         self._reading_headers = False
-        self._in_body = True
+        self._body_undecided = True
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
         super().on_headers_complete()
 
@@ -259,7 +262,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._deadline = None
-        self._in_body = False
+        self._body_undecided = False
         super().on_message_complete()
 
     # ---- refusals ------------------------------------------------------------------------------
