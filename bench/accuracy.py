@@ -25,6 +25,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from contract.readme import replace_block
 from service.activations import ACCURATE, ACTIVATIONS, NATIVE, ActivationEvaluator, kernels
 
 mpmath.mp.dps = 50
@@ -297,11 +298,6 @@ def readme_block(summary: dict[str, Any]) -> str:
     return README_BLOCK[0] + "\n".join(lines) + "\n" + README_BLOCK[1]
 
 
-def replace_readme_block(readme: str, block: str) -> str:
-    start, end = readme.index(README_BLOCK[0]), readme.index(README_BLOCK[1])
-    return readme[:start] + block + readme[end + len(README_BLOCK[1]) :]
-
-
 def report(out: Path, n: int) -> dict[str, object]:
     """Measure, write ``accuracy.{md,json,png}`` into ``out``, return what was measured."""
     started = time.monotonic()
@@ -411,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--points", type=int, default=2000, help="points per region")
     args = parser.parse_args(argv)
     summary = report(Path(args.out), args.points)
-    README.write_text(replace_readme_block(README.read_text(), readme_block(summary)))
+    README.write_text(replace_block(README.read_text(), README_BLOCK, readme_block(summary)))
     worst = summary["worst_accurate"]
     print(f"worst accurate-kernel error: {worst:.2f} ULP; see {args.out}/accuracy.md")
 

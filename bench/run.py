@@ -40,6 +40,7 @@ from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, paused, pin_tree
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
+from contract.readme import replace_block
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVATION_VALUES = 1_000_000
@@ -707,12 +708,6 @@ def readme_block(results: Results) -> str:
     return README_BLOCK[0] + "\n".join(lines) + "\n" + README_BLOCK[1]
 
 
-def replace_readme_block(readme: str, block: str) -> str:
-    """``readme`` with its targets block replaced by ``block``."""
-    start, end = readme.index(README_BLOCK[0]), readme.index(README_BLOCK[1])
-    return readme[:start] + block + readme[end + len(README_BLOCK[1]) :]
-
-
 def load_results(path: Path) -> Results:
     """A run's results back from its benchmarks.json."""
     return Results(**json.loads(path.read_text()))
@@ -906,7 +901,7 @@ def report(args: argparse.Namespace) -> None:
     results = run(args)
     write_report(results, args.out)
     if args.out.resolve() == (ROOT / "docs").resolve() and not args.smoke:
-        README.write_text(replace_readme_block(README.read_text(), readme_block(results)))
+        README.write_text(replace_block(README.read_text(), README_BLOCK, readme_block(results)))
         print(f"updated the targets in {README}")
     for target, measured, met in targets(results, results.environment["large_model"]):
         print(f"{'met ' if met else 'MISS'} {target}: {measured}")

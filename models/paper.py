@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from contract.readme import replace_block
+
 PAPER_ACTIVATIONS = ("gelu", "relu", "elu")
 VALIDATION = 10_000  # held out of the training images for the learning-rate choice
 
@@ -401,10 +403,6 @@ def run(args: argparse.Namespace) -> Path:
     plot(rows, out)
     (out / "README.md").write_text(table(study, rows, study["command"]))
     if out.resolve() == README.parent / "docs" / "paper":
-        readme = README.read_text()
-        start, end = readme.index(README_BLOCK[0]), readme.index(README_BLOCK[1])
-        README.write_text(
-            readme[:start] + readme_block(study) + readme[end + len(README_BLOCK[1]) :]
-        )
+        README.write_text(replace_block(README.read_text(), README_BLOCK, readme_block(study)))
     print((out / "README.md").read_text())
     return out

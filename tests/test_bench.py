@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.readme import block
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -65,10 +67,8 @@ def test_readme_targets_are_the_committed_run() -> None:
     """The README's targets block is what docs/benchmarks.json gives, byte for byte."""
     from bench.run import README_BLOCK, load_results, readme_block
 
-    block = readme_block(load_results(ROOT / "docs" / "benchmarks.json"))
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index(README_BLOCK[0])
-    assert readme[start : readme.index(README_BLOCK[1]) + len(README_BLOCK[1])] == block
+    expected = readme_block(load_results(ROOT / "docs" / "benchmarks.json"))
+    assert block((ROOT / "README.md").read_text(), README_BLOCK) == expected
 
 
 def _state(pid: int) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
+from contract.readme import block
 from tests.helpers import DIGITS, load_model
 from tests.onnx_models import write_model
 from tests.service.rest.test_server import free_port
@@ -296,9 +297,7 @@ def test_readme_quotes_the_recorded_run() -> None:
     import json as json_
 
     readme = (ROOT / "README.md").read_text()
-    start = readme.index(README_BLOCK[0])
-    block = readme[start : readme.index(README_BLOCK[1]) + len(README_BLOCK[1])]
-    assert block == render(json_.loads(FIGURES.read_text()))
+    assert block(readme, README_BLOCK) == render(json_.loads(FIGURES.read_text()))
 
 
 def served_per_node(cluster: Cluster) -> dict[str, float]:

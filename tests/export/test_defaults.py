@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from contract.readme import block
 from export.defaults import TABLE_BEGIN, TABLE_END, _layers, table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_table() -> str:
-    text = README.read_text()
-    start, end = text.index(TABLE_BEGIN), text.index(TABLE_END) + len(TABLE_END)
-    return text[start:end]
+    return block(README.read_text(), (TABLE_BEGIN, TABLE_END))
 
 
 def test_layers_fold_runs() -> None:

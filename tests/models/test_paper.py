@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.readme import block
 from models import paper
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,6 @@ def test_readme_quotes_the_committed_study() -> None:
     """The README's paper block is what docs/paper/results.json gives, byte for byte."""
     study = json.loads((ROOT / "docs" / "paper" / "results.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    start, end = (readme.index(marker) for marker in paper.README_BLOCK)
-    assert readme[start : end + len(paper.README_BLOCK[1])] == paper.readme_block(study)
+    assert block(readme, paper.README_BLOCK) == paper.readme_block(study)
     table = (ROOT / "docs" / "paper" / "README.md").read_text()
     assert study["command"] in table and f"{study['wall_seconds'] / 60:.1f} minutes" in table

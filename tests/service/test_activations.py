@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from bench import accuracy
+from contract.readme import block
 from service.activations import ACTIVATIONS, IR_VERSION, OPSET
 from tests.helpers import assert_error
 
@@ -555,8 +556,7 @@ def test_readme_accuracy_table_is_the_committed_report() -> None:
     """The README's table is what ``make accuracy`` wrote into docs/accuracy.json."""
     summary = json.loads((ROOT / "docs" / "accuracy.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    start, end = (readme.index(marker) for marker in accuracy.README_BLOCK)
-    assert readme[start : end + len(accuracy.README_BLOCK[1])] == accuracy.readme_block(summary)
+    assert block(readme, accuracy.README_BLOCK) == accuracy.readme_block(summary)
     assert summary["worst_accurate"] <= 1.0
 
 
