@@ -8,15 +8,20 @@ from __future__ import annotations
 Markers = tuple[str, str]  # the block's first and last text, both part of it
 
 
-def block(text: str, markers: Markers) -> str:
-    """The block ``markers`` delimit in ``text``, markers included (ValueError if absent)."""
+def _span(text: str, markers: Markers) -> tuple[int, int]:
+    """Where the block ``markers`` delimit starts and stops in ``text`` (ValueError if absent)."""
     begin, end = markers
     start = text.index(begin)
-    return text[start : text.index(end, start) + len(end)]
+    return start, text.index(end, start) + len(end)
+
+
+def block(text: str, markers: Markers) -> str:
+    """The block ``markers`` delimit in ``text``, markers included (ValueError if absent)."""
+    start, stop = _span(text, markers)
+    return text[start:stop]
 
 
 def replace_block(text: str, markers: Markers, new: str) -> str:
     """``text`` with the block ``markers`` delimit replaced by ``new`` (markers included)."""
-    old = block(text, markers)
-    start = text.index(old)
-    return text[:start] + new + text[start + len(old) :]
+    start, stop = _span(text, markers)
+    return text[:start] + new + text[stop:]
