@@ -109,9 +109,15 @@ def status_and_error(answer: bytes) -> tuple[int, str]:
     return int(head.split()[1]), json.loads(body)["error"]
 
 
-def request_bytes(method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+def request_bytes(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: str = "",
+    content_type: str = "application/json",
+) -> bytes:
     return (
-        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n{headers}\r\n"
     ).encode() + body
 
@@ -294,10 +300,7 @@ ACTIVATION = "/v1/activations/gelu"
 
 
 def octet_request(body: bytes, headers: str = "") -> bytes:
-    return (
-        f"POST {ACTIVATION} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-        f"Content-Length: {len(body)}\r\n{headers}\r\n"
-    ).encode() + body
+    return request_bytes("POST", ACTIVATION, body, headers, "application/octet-stream")
 
 
 def gelu_in_small_requests(port: int, x: np.ndarray) -> bytes:
