@@ -13,8 +13,8 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
   queue delay), then runs the batch: it holds every request parsed in between, which under
   load is most of the connections with data ready. When batches have held one request in a
-  row, only every ``PROBE_EVERY``-th request yields, so a lone client does not wait for company
-  that never comes. Handing a 10-40 µs run to a thread and waking the loop again costs more
+  row, the requests that yield grow sparser (``probes``), so a lone client does not wait for
+  company that never comes. Handing a 10-40 µs run to a thread and waking the loop again costs more
   than the run itself; one inline run blocks the loop for at most the bound, and after each
   batch the loop serves I/O before the next.
 - **on a worker thread** otherwise: the gathering task hands each batch to one of the model's
@@ -40,9 +40,18 @@ from service.runtime import Model
 from service.statistics import ModelStatistics
 
 Outputs = dict[str, np.ndarray]
-# Inline, after a batch of one request, only every PROBE_EVERY-th request yields the loop to
-# look for company: a lone client (c=1) then pays the loop iteration on 1 request in 8.
-PROBE_EVERY = 8
+# Inline, after n batches of one request in a row, a request yields the loop to look for company
+# only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then pays the
+# loop iteration, about 14 µs in process (a syscall, and caches colder after it), on 1 request
+# in 64, and a load that grows is batched again within 64 requests.
+PROBE_GAP = 64
+
+
+def probes(alone: int) -> bool:
+    """Whether the first request of a batch yields the loop to look for company, after
+    ``alone`` batches of one request in a row: always after a batch that found some (0); then
+    after 1, 2, 4, ... PROBE_GAP, 2 PROBE_GAP, ... of them."""
+    return alone & (alone - 1) == 0 or alone % PROBE_GAP == 0
 
 
 class Deadline:
@@ -176,7 +185,7 @@ class Batcher:
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
         if self.inline and not self._pending and not self._gathering:
-            if self._alone % PROBE_EVERY == 0 and await self._company():
+            if probes(self._alone) and await self._company():
                 request = _Request(inputs, size, loop.create_future(), deadline=deadline)
                 self._pending.appendleft(request)  # first, as it came first
                 self._queued += size
@@ -198,7 +207,7 @@ class Batcher:
         elif self._queued >= self.max_batch_size:
             self._run_inline()  # full: run now, in this request's turn
         elif not self._gathering:
-            if self._alone % PROBE_EVERY == 0:
+            if probes(self._alone):
                 await self._lead()
             else:  # no company lately: do not wait a loop iteration for none
                 self._run_inline()

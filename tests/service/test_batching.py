@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_EVERY, Batcher
+from service.batching import PROBE_GAP, Batcher, probes
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
@@ -149,21 +149,35 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     model, monkeypatch, inline
 ) -> None:
     """Requests queued in one loop iteration share a run; after a lone client (batches of one
-    in a row), a burst of concurrent requests is batched again within a few requests."""
+    in a row), bursts of concurrent requests are batched again within PROBE_GAP requests."""
     recorder = Recorder(model, monkeypatch)
+    lone = 2 * PROBE_GAP + 5
 
     async def scenario():
         batcher = started(model, 64, 0, inline)
-        for _ in range(3):  # a lone client
+        for _ in range(lone):  # a lone client
             await batcher.infer({"input": DIGITS[:1]})
-        for _ in range(PROBE_EVERY + 1):  # bursts of 8 concurrent requests
+        for _ in range(PROBE_GAP // 8 + 2):  # bursts of 8 concurrent requests
             await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(8)))
         await batcher.stop()
 
     run(scenario())
-    assert recorder.sizes[:3] == [1, 1, 1]
-    assert sum(recorder.sizes) == 3 + 8 * (PROBE_EVERY + 1)  # every sample computed once
-    assert recorder.sizes[-1] == 8  # a burst is one run again
+    assert recorder.sizes[:lone] == [1] * lone
+    assert sum(recorder.sizes) == lone + 8 * (PROBE_GAP // 8 + 2)  # every sample computed once
+    assert recorder.sizes[-2:] == [8, 8]  # the bursts are one run each again
+
+
+def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
+    """After batches of one in a row, the gaps between requests that yield the loop double up
+    to PROBE_GAP: every request looks after a batch that had company, a lone client's 1,000
+    requests look 22 times."""
+    assert [n for n in range(20) if probes(n)] == [0, 1, 2, 4, 8, 16]
+    assert [n for n in range(PROBE_GAP, 4 * PROBE_GAP) if probes(n)] == [
+        PROBE_GAP,
+        2 * PROBE_GAP,
+        3 * PROBE_GAP,
+    ]
+    assert sum(map(probes, range(1000))) == 7 + 999 // PROBE_GAP
 
 
 def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
@@ -175,12 +189,12 @@ def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
 
     async def scenario():
         batcher = started(model, 64, 0, inline=True)
-        for _ in range(2 * PROBE_EVERY + 1):
+        for _ in range(2 * PROBE_GAP + 1):
             await batcher.infer({"input": DIGITS[:1]})
         await batcher.stop()
 
     run(scenario())
-    assert recorder.sizes == [1] * (2 * PROBE_EVERY + 1) and queued == []
+    assert recorder.sizes == [1] * (2 * PROBE_GAP + 1) and queued == []
 
 
 def test_batching_through_the_app(settings_factory) -> None:
