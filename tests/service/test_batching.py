@@ -180,6 +180,13 @@ def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
     assert sum(map(probes, range(1000))) == 7 + 999 // PROBE_GAP
 
 
+def test_readme_quotes_the_probe_gap() -> None:
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"a power of two or a multiple of {PROBE_GAP}" in readme
+    assert f"iteration on 1 request in {PROBE_GAP}), and a load that grows is batched" in readme
+    assert f"again within {PROBE_GAP} requests" in readme
+
+
 def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
     """Inline, a lone client's requests run at once, the ones that look for company too: none
     waits in the queue or on a future, which costs more than its run."""
