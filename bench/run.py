@@ -24,6 +24,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -583,35 +584,58 @@ def run(args: argparse.Namespace) -> Results:
     return results
 
 
+def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
+    """a's requests/s over b's within each round: each pass drives both a minute or two apart,
+    so a slow spell of the shared machine that spans the two cancels out."""
+    return [
+        x / y
+        for x, y in zip(
+            a.get("rounds_rps", [a["rps"]]), b.get("rounds_rps", [b["rps"]]), strict=True
+        )
+    ]
+
+
 def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
-    """(target, measured, met) for each of issue 10's targets that this run measured."""
+    """(target, measured, met) for each of issue 10's targets that this run measured.
+
+    A ratio is the median of its rounds' ratios (``by_round``), shown beside each point's
+    median and each round's ratio.
+    """
     top = max(r["concurrency"] for r in results.http)
     concurrencies = sorted({r["concurrency"] for r in results.http})
     rows: list[tuple[str, str, bool]] = []
 
-    def ratio(name: str, a: float, b: float, goal: float, detail: str = "") -> None:
-        if a == a and b == b:  # both measured (not NaN)
-            rows.append((name, f"{a / b:.2f}x ({a:.0f} / {b:.0f}{detail})", a / b >= goal))
+    def compare(
+        name: str,
+        a: dict[str, Any],
+        b: dict[str, Any],
+        goal: float,
+        share: bool = False,
+        unit: Callable[[dict[str, Any]], float] = lambda row: float(row["rps"]),
+        units: str = "req/s",
+    ) -> None:
+        """A row for a against b, when both were measured; a share is shown in per cent."""
+        if not (a and b):
+            return
+        rounds = by_round(a, b)
+        form = "{:.0%}" if share else "{:.2f}x"
+        measured = (
+            f"{form.format(statistics.median(rounds))} ({unit(a):.0f} / {unit(b):.0f} {units}; "
+            f"by round {' / '.join(form.format(r) for r in rounds)})"
+        )
+        rows.append((name, measured, statistics.median(rounds) >= goal))
 
-    floor = results.find(results.http, "http floor", top)
+    def http(scenario: str, c: int = top) -> dict[str, Any]:
+        return results.find(results.http, scenario, c)
+
+    floor, served = http("http floor"), http(FLOOR_AS_SERVED)
     for kind in ("v1", "v2-json", "v2-binary"):
-        row = results.find(results.http, f"{kind} predict, batching on", top)
+        row = http(f"{kind} predict, batching on")
+        compare(f"{kind} at c={top} >= {TARGET_FLOOR_RATIO:.0%} of the HTTP floor", row, floor,
+                TARGET_FLOOR_RATIO, share=True)  # fmt: skip
+        compare(f"{kind} at c={top} against the floor served as the service serves (no target: "
+                "the app's share alone)", row, served, 0.0, share=True)  # fmt: skip
         if row and floor:
-            share = row["rps"] / floor["rps"]
-            rows.append((
-                f"{kind} at c={top} >= {TARGET_FLOOR_RATIO:.0%} of the HTTP floor",
-                f"{share:.0%} ({row['rps']:.0f} / {floor['rps']:.0f} req/s)",
-                share >= TARGET_FLOOR_RATIO,
-            ))  # fmt: skip
-            served = results.find(results.http, FLOOR_AS_SERVED, top)
-            if served:
-                rows.append((
-                    f"{kind} at c={top} against the floor served as the service serves (no "
-                    "target: the app's share alone)",
-                    f"{row['rps'] / served['rps']:.0%} ({row['rps']:.0f} / "
-                    f"{served['rps']:.0f} req/s)",
-                    True,
-                ))  # fmt: skip
             tail = row["p99_ms"] / floor["p99_ms"]
             rows.append((
                 f"{kind} at c={top}: p99 <= {TARGET_TAIL_VS_FLOOR:g}x the floor's p99",
@@ -619,58 +643,42 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
                 tail <= TARGET_TAIL_VS_FLOOR,
             ))  # fmt: skip
         for c in concurrencies:
-            on = results.rps(f"{kind} predict, batching on", c)
-            off = results.rps(f"{kind} predict, batching off", c)
-            ratio(f"{kind} at c={c}: batching on >= off", on, off, 1.0, " req/s")
-    v1, naive = results.rps("v1 predict, batching on", top), results.rps("naive app", top)
-    ratio(f"v1 at c={top} >= {TARGET_NAIVE_RATIO:g}x the naive app", v1, naive,
-          TARGET_NAIVE_RATIO, " req/s")  # fmt: skip
-    two = results.rps("v1 predict, gelu-serve serve --workers 2", top)
-    naive_two = results.rps("naive app, uvicorn --workers 2", top)
-    ratio(f"v1 at c={top}: 2 workers >= {TARGET_WORKERS_GAIN:g}x 1 worker", two, v1,
-          TARGET_WORKERS_GAIN, " req/s")  # fmt: skip
-    ratio(f"v1 at c={top}, 2 workers each: >= {TARGET_NAIVE_RATIO:g}x the naive app", two,
-          naive_two, TARGET_NAIVE_RATIO, " req/s")  # fmt: skip
-    floor_one = results.rps("http floor", top)
-    floor_two = results.rps("http floor, uvicorn --workers 2", top)
-    ratio(f"the HTTP floor at c={top}: 2 workers against 1 (no target: what this machine "
-          "gives the stack)", floor_two, floor_one, 0.0, " req/s")  # fmt: skip
-    v2 = results.rps("v2-json predict, batching on", top)
-    ratio(f"v2-json at c={top} >= {TARGET_PEER_RATIO:g}x {PEER_MLSERVER}", v2,
-          results.rps(f"{PEER_MLSERVER} v2-json", top), TARGET_PEER_RATIO, " req/s")  # fmt: skip
-    ratio(f"v1 at c={top} against {PEER_BENTOML} (no target)", v1, results.rps(PEER_BENTOML, top),
-          0.0, " req/s")  # fmt: skip
-    grpc = results.rps("grpc predict, batching on", top)
-    ratio(f"grpc at c={top} against the gRPC floor (no target)", grpc,
-          results.rps("grpc floor", top), 0.0, " req/s")  # fmt: skip
-    ratio(f"grpc at c={top} against v2-binary over HTTP (no target)", grpc,
-          results.rps("v2-binary predict, batching on", top), 0.0, " req/s")  # fmt: skip
-    on = results.rps(f"{large} v2-binary, batching on", top)
-    off = results.rps(f"{large} v2-binary, batching off", top)
-    ratio(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off", on, off,
-          TARGET_BATCHING_GAIN, " req/s")  # fmt: skip
+            compare(f"{kind} at c={c}: batching on >= off", http(f"{kind} predict, batching on", c),
+                    http(f"{kind} predict, batching off", c), 1.0)  # fmt: skip
+    v1, naive = http("v1 predict, batching on"), http("naive app")
+    compare(f"v1 at c={top} >= {TARGET_NAIVE_RATIO:g}x the naive app", v1, naive,
+            TARGET_NAIVE_RATIO)  # fmt: skip
+    two = http("v1 predict, gelu-serve serve --workers 2")
+    compare(f"v1 at c={top}: 2 workers >= {TARGET_WORKERS_GAIN:g}x 1 worker", two, v1,
+            TARGET_WORKERS_GAIN)  # fmt: skip
+    compare(f"v1 at c={top}, 2 workers each: >= {TARGET_NAIVE_RATIO:g}x the naive app", two,
+            http("naive app, uvicorn --workers 2"), TARGET_NAIVE_RATIO)  # fmt: skip
+    compare(f"the HTTP floor at c={top}: 2 workers against 1 (no target: what this machine "
+            "gives the stack)", http("http floor, uvicorn --workers 2"), floor, 0.0)  # fmt: skip
+    compare(f"v2-json at c={top} >= {TARGET_PEER_RATIO:g}x {PEER_MLSERVER}",
+            http("v2-json predict, batching on"), http(f"{PEER_MLSERVER} v2-json"),
+            TARGET_PEER_RATIO)  # fmt: skip
+    compare(f"v1 at c={top} against {PEER_BENTOML} (no target)", v1, http(PEER_BENTOML), 0.0)
+    grpc = http("grpc predict, batching on")
+    compare(f"grpc at c={top} against the gRPC floor (no target)", grpc, http("grpc floor"), 0.0)
+    compare(f"grpc at c={top} against v2-binary over HTTP (no target)", grpc,
+            http("v2-binary predict, batching on"), 0.0)  # fmt: skip
+    compare(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off",
+            http(f"{large} v2-binary, batching on"), http(f"{large} v2-binary, batching off"),
+            TARGET_BATCHING_GAIN)  # fmt: skip
     for kernel, scenario in (("accurate", "gelu, float32 binary"),
                              ("native", "gelu native, float32 binary")):  # fmt: skip
         for c in (1, 4):
-            echo = results.find(results.activations, "echo floor", c)
             gelu = results.find(results.activations, scenario, c)
-            if echo and gelu:
-                share = gelu["rps"] / echo["rps"]
-                rows.append((
-                    f"activation ({kernel} kernel), 1e6 float32 binary at c={c} >= "
-                    f"{TARGET_ACTIVATION_RATIO:.0%} of the echo floor",
-                    f"{share:.0%} ({megabytes(gelu):.0f} / {megabytes(echo):.0f} MB/s)",
-                    share >= TARGET_ACTIVATION_RATIO,
-                ))  # fmt: skip
-                served = results.find(results.activations, ECHO_AS_SERVED, c)
-                if served and kernel == "native":
-                    rows.append((
-                        f"activation (native kernel) at c={c} against the echo served as the "
-                        "service serves (no target: the route's share alone)",
-                        f"{gelu['rps'] / served['rps']:.0%} ({megabytes(gelu):.0f} / "
-                        f"{megabytes(served):.0f} MB/s)",
-                        True,
-                    ))  # fmt: skip
+            compare(f"activation ({kernel} kernel), 1e6 float32 binary at c={c} >= "
+                    f"{TARGET_ACTIVATION_RATIO:.0%} of the echo floor", gelu,
+                    results.find(results.activations, "echo floor", c), TARGET_ACTIVATION_RATIO,
+                    share=True, unit=megabytes, units="MB/s")  # fmt: skip
+            if kernel == "native":
+                compare(f"activation (native kernel) at c={c} against the echo served as the "
+                        "service serves (no target: the route's share alone)", gelu,
+                        results.find(results.activations, ECHO_AS_SERVED, c), 0.0, share=True,
+                        unit=megabytes, units="MB/s")  # fmt: skip
     ours: list[dict[str, Any]] = []
     for row in results.http + results.activations:
         if not row["scenario"].startswith(PEERS):
@@ -745,8 +753,10 @@ def write_report(results: Results, out: Path) -> None:
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`)",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
-        "side by side and at each concurrency every scenario is driven back to back, so each "
-        "ratio compares points taken a minute or two apart",
+        "side by side and at each concurrency every scenario is driven back to back, so a "
+        "target's ratio is taken within each round, between points a minute or two apart, and "
+        "the median of those is reported beside each round's (`by round`); the 2-worker rows, "
+        "measured after every pass, are paired with the pass of the same number",
         "",
         "## Targets",
         "",
