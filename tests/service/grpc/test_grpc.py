@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -284,28 +284,32 @@ def test_metrics_count_grpc_calls(server: Server) -> None:
     assert any('model=""' in x and 'code="404"' in x for x in lines)  # "nope" is no label
 
 
-def test_http_and_grpc_requests_share_batches(model_repository: Path) -> None:
+def _runs_of_digits_mlp(server: Server, *calls: tuple[Callable[..., object], tuple]) -> list[int]:
+    """Makes the calls at once, each on its own thread; then the latest digits-mlp's inference
+    and execution counts, and the size of each batch it has run, from ModelStatistics."""
+    threads = [threading.Thread(target=call, args=args) for call, args in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = server.stub().ModelStatistics(pb.ModelStatisticsRequest(name="digits-mlp"))
+    (latest,) = [s for s in stats.model_stats if s.version == "2"]
+    sizes = sorted(b.batch_size for b in latest.batch_stats)
+    return [latest.inference_count, latest.execution_count, *sizes]
+
+
+def test_grpc_requests_batch_alone_and_with_http(model_repository: Path) -> None:
     """With batches on a worker thread and a 300 ms queue delay, one HTTP and one gRPC request
-    sent together run as one batch of two (the statistics say so)."""
+    sent together run as one batch of two, and then eight gRPC calls sent together as one
+    batch of eight."""
     env = {"GELU_INLINE_MAX_US": "0", "GELU_MAX_QUEUE_DELAY_US": "300000"}
     for server in grpc_server(model_repository, **env):
-        x = DIGITS[:1]
+        x, stub = DIGITS[:1], server.stub()
         content, headers = binary_request(x)
-        threads = [
-            threading.Thread(target=server.stub().ModelInfer, args=(raw_request(x),)),
-            threading.Thread(
-                target=server.http_post,
-                args=("/v2/models/digits-mlp/infer", content, headers),
-            ),
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        stats = server.stub().ModelStatistics(pb.ModelStatisticsRequest(name="digits-mlp"))
-        (latest,) = [s for s in stats.model_stats if s.version == "2"]
-        assert (latest.inference_count, latest.execution_count) == (2, 1)  # one run for both
-        assert [b.batch_size for b in latest.batch_stats] == [2]
+        http = (server.http_post, ("/v2/models/digits-mlp/infer", content, headers))
+        grpc_call = (stub.ModelInfer, (raw_request(x),))
+        assert _runs_of_digits_mlp(server, grpc_call, http) == [2, 1, 2]  # one run for both
+        assert _runs_of_digits_mlp(server, *[grpc_call] * 8) == [10, 2, 2, 8]
 
 
 def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
