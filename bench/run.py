@@ -618,12 +618,13 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         if not (a and b):
             return
         rounds = by_round(a, b)
+        middle = statistics.median(rounds)
         form = "{:.0%}" if share else "{:.2f}x"
         measured = (
-            f"{form.format(statistics.median(rounds))} ({unit(a):.0f} / {unit(b):.0f} {units}; "
+            f"{form.format(middle)} ({unit(a):.0f} / {unit(b):.0f} {units}; "
             f"by round {' / '.join(form.format(r) for r in rounds)})"
         )
-        rows.append((name, measured, statistics.median(rounds) >= goal))
+        rows.append((name, measured, middle >= goal))
 
     def http(scenario: str, c: int = top) -> dict[str, Any]:
         return results.find(results.http, scenario, c)
