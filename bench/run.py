@@ -757,7 +757,7 @@ def write_report(results: Results, out: Path) -> None:
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart, and "
         "the median of those is reported beside each round's (`by round`); the 2-worker rows, "
-        "measured after every pass, are paired with the pass of the same number",
+        "measured in passes of their own after the rest, are paired by pass number",
         "",
         "## Targets",
         "",
