@@ -101,6 +101,22 @@ class Server:
     pid: int
     cpus: set[int]
     grpc: str | None = None  # host:port of its gRPC face, if it has one
+    batches: bool = False  # the service: its /metrics counts the samples and runs of batches
+
+
+def batch_totals(target: Server) -> tuple[float, float]:
+    """(samples, runs) the service's models have run so far, from ``gelu_batch_size``'s sums
+    and counts on its /metrics (over every worker)."""
+    conn = http.client.HTTPConnection(target.url.removeprefix("http://"), timeout=30)
+    conn.request("GET", "/metrics")
+    samples = runs = 0.0
+    for line in conn.getresponse().read().decode().splitlines():
+        if line.startswith("gelu_batch_size_sum{"):
+            samples += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("gelu_batch_size_count{"):
+            runs += float(line.rsplit(" ", 1)[1])
+    conn.close()
+    return samples, runs
 
 
 @contextmanager
@@ -122,7 +138,7 @@ def server(
         env = {**env, "GELU_GRPC_PORT": str(grpc_port)}
         grpc_address = f"127.0.0.1:{grpc_port}"
     with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
-        yield dataclasses.replace(started, grpc=grpc_address)
+        yield dataclasses.replace(started, grpc=grpc_address, batches=app == SERVICE_APP)
 
 
 FLOOR_AS_SERVED = "http floor, served as the service serves"
@@ -240,10 +256,14 @@ def measure(
     for attempt in range(1, ATTEMPTS + 1):
         threads = check_pinned(target.pid, target.cpus)
         with paused(pid for pid in LIVE if pid != target.pid):
+            before = batch_totals(target) if target.batches else (0.0, 0.0)
             meter = UsageMeter(target.pid)
             meter.start()
             row = drive(target, request, connections, seconds, client_cpu)
             usage = meter.stop()
+            if target.batches:  # the mean batch the point's requests ran in
+                samples, runs = (a - b for a, b in zip(batch_totals(target), before, strict=True))
+                row["mean_batch"] = samples / runs if runs else 0.0
         row.update(
             server_cores=usage.server_cores,
             steal_cores=usage.steal_cores,
@@ -563,10 +583,11 @@ def run(args: argparse.Namespace) -> Results:
         port = _free_port()
         serve_two = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
         with (
-            serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as two,
+            serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
             server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
         ):
+            two = dataclasses.replace(started, batches=True)
             for _ in range(args.rounds):
                 for name, target, request in (
                     ("v1 predict, gelu-serve serve --workers 2", two, small["v1"]),
@@ -772,16 +793,20 @@ def write_report(results: Results, out: Path) -> None:
         "`client_cores` in benchmarks.json is its CPU use, well under one core at every point, "
         "so the server sets the pace.",
         "",
+        "`mean batch`: the samples per onnxruntime run of the service's model over the point "
+        "(from its `gelu_batch_size` metric), in the round reported; blank for other servers.",
+        "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | steal | attempts | rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "CPU µs per request | mean batch | steal | attempts | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
+        mean_batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else ""
         lines.append(
             f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
-            f"{r['cpu_us_per_request']:.0f} | {r['steal_cores']:.2f} | {r['attempts']} | "
-            f"{rounds(r)} |"
+            f"{r['cpu_us_per_request']:.0f} | {mean_batch} | {r['steal_cores']:.2f} | "
+            f"{r['attempts']} | {rounds(r)} |"
         )
     lines += [
         "",

@@ -37,6 +37,13 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     for row in report["http"]:
         if row["scenario"].startswith("grpc"):  # its client measured itself: not saturated
             assert 0 < row["client_cores"] < 1.0, row
+        # the service's points say the mean batch they ran in (of 1-sample requests, at c=4)
+        if "predict, batching off" in row["scenario"]:
+            assert row["mean_batch"] == 1.0, row
+        elif "predict, batching on" in row["scenario"]:
+            assert 1.0 <= row["mean_batch"] <= 4.0, row
+        else:
+            assert "mean_batch" not in row, row
     for row in report["http"] + report["activations"]:
         assert row["errors"] == 0, row
         assert row["requests"] > 0 and row["rps"] > 0
@@ -60,6 +67,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert "c=4 against the echo served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
+    assert "| mean batch |" in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
