@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -61,6 +61,7 @@ PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"
 PEERS = (PEER_MLSERVER, PEER_BENTOML)
 MAX_STEAL = 0.15  # cores; a point taken under more is measured again
 ATTEMPTS = 3
+T = TypeVar("T")
 
 
 @dataclass
@@ -519,7 +520,7 @@ def run(args: argparse.Namespace) -> Results:
 
     # One process each, on one core, all started at once (paused when not driven); at each
     # concurrency every scenario is driven back to back, so each ratio compares runs taken
-    # within a minute or two.
+    # within a minute or two, and batching on and off of one protocol one right after the other.
     cpus, workers = args.server_cpus, 1
     model_file = repository / SMALL / "1" / "model.onnx"
     small_config = load_model_config((repository / SMALL / "config.pbtxt").read_text())
@@ -539,7 +540,7 @@ def run(args: argparse.Namespace) -> Results:
         grpc_floor(cpus) as floor_grpc,
     ):
         floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
-        scenarios = [
+        alone = [
             ("http floor", floor, floor_request),
             (FLOOR_AS_SERVED, floor_served, floor_request),
             ("grpc floor", floor_grpc, small["grpc"]),
@@ -547,29 +548,36 @@ def run(args: argparse.Namespace) -> Results:
         ]
         if others:
             bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
-            scenarios += [
+            alone += [
                 (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
                 (f"{PEER_BENTOML}", others["bentoml"], bento_request),
             ]
-        for state, target in (("on", on), ("off", off)):
-            scenarios += [(f"{k} predict, batching {state}", target, small[k]) for k in small]
+        # Batching on and off of one protocol are driven one right after the other, in the
+        # other order every other pass: their ratio, the closest call of the targets at c=1,
+        # is taken between points seconds apart, and a drift of the machine's speed favours
+        # neither. The report lists every "on" row, then every "off" one.
+        states = (("on", on), ("off", off))
+        pairs = [
+            [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
+            for k in small
+        ]
+        scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs]
         if not args.smoke:
-            scenarios += [
+            pairs.append([
                 (f"{large} v2-binary, batching on", on, big["v2-binary"]),
                 (f"{large} v2-binary, batching off", off, big["v2-binary"]),
-            ]
+            ])  # fmt: skip
+            scenarios += pairs[-1]
+        groups = [[s] for s in alone] + pairs
         warmed: set[str] = set()
         for _, target, request in scenarios:  # one unrecorded second per server first
             if target.url not in warmed:
                 drive(target, request, 8, 1, args.client_cpu)
                 warmed.add(target.url)
         for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
-            # Each pass starts the scenarios at a different place, so that no scenario is
-            # always driven just after the same one (a peer that leaves the core's caches
-            # cold, say).
-            shift = round_index * len(scenarios) // args.rounds
+            driven = drive_order(groups, round_index, args.rounds)
             for c in concurrencies:
-                for name, target, request in scenarios[shift:] + scenarios[:shift]:
+                for name, target, request in driven:
                     point(name, target, request, c, results.http)
             for c in (1, 4):
                 point("echo floor", floor, activation["echo"], c, results.activations)
@@ -605,9 +613,21 @@ def run(args: argparse.Namespace) -> Results:
     return results
 
 
+def drive_order(groups: list[list[T]], round_index: int, rounds: int) -> list[T]:
+    """The scenarios of pass ``round_index`` of ``rounds``, in the order driven. Each pass
+    starts at a different group, so that no scenario is always driven just after the same one
+    (a peer that leaves the core's caches cold, say); a group's scenarios (batching on and off
+    of one protocol) are driven one right after the other, in the other order every other
+    pass."""
+    shift = round_index * len(groups) // rounds
+    flip = round_index % 2 == 1
+    return [s for g in groups[shift:] + groups[:shift] for s in (g[::-1] if flip else g)]
+
+
 def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
-    """a's requests/s over b's within each round: each pass drives both a minute or two apart,
-    so a slow spell of the shared machine that spans the two cancels out."""
+    """a's requests/s over b's within each round: each pass drives both a minute or two apart
+    (batching on and off one right after the other), so a slow spell of the shared machine
+    that spans the two cancels out."""
     return [
         x / y
         for x, y in zip(
@@ -776,7 +796,8 @@ def write_report(results: Results, out: Path) -> None:
         "each point reports its round of median req/s (all rounds in `rounds`)",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so a "
-        "target's ratio is taken within each round, between points a minute or two apart, and "
+        "target's ratio is taken within each round, between points a minute or two apart (batching "
+        "on and off one right after the other, in the other order every other round), and "
         "the median of those is reported beside each round's (`by round`); the 2-worker rows, "
         "measured in passes of their own after the rest, are paired by pass number",
         "",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.run import drive_order
 from contract.readme import block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,13 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    # each pass drove batching on and off of a protocol one right after the other, in turn first
+    driven = [line.split(" c=")[0].strip() for line in result.stdout.splitlines()
+              if "predict, batching" in line]  # fmt: skip
+    passes = driven[: len(driven) // 2], driven[len(driven) // 2 :]
+    for driven_pass, (first, then) in zip(passes, (("on", "off"), ("off", "on")), strict=True):
+        at = driven_pass.index(f"v1 predict, batching {first}")
+        assert driven_pass[at + 1] == f"v1 predict, batching {then}", driven
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     scenarios = {row["scenario"] for row in report["http"]}
     assert {"http floor", "http floor, served as the service serves", "naive app",
@@ -134,3 +142,15 @@ def test_paused_stops_a_process_tree_and_continues_it() -> None:
         for pid in reversed(process_tree(parent.pid)):
             os.kill(pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
+    """Every pass drives every scenario once, starting at a different one; batching on and off
+    of one protocol one right after the other, in the other order every other pass."""
+    groups = [["floor"], ["naive"], ["v1 on", "v1 off"], ["v2 on", "v2 off"]]
+    passes = [drive_order(groups, i, 3) for i in range(3)]
+    assert passes == [
+        ["floor", "naive", "v1 on", "v1 off", "v2 on", "v2 off"],
+        ["naive", "v1 off", "v1 on", "v2 off", "v2 on", "floor"],
+        ["v1 on", "v1 off", "v2 on", "v2 off", "floor", "naive"],
+    ]
