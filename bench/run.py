@@ -661,6 +661,8 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         rounds = by_round(a, b)
         middle = statistics.median(rounds)
         form = "{:.0%}" if share else "{:.2f}x"
+        if form.format(middle) == form.format(goal):  # too close to call at that precision
+            form = "{:.1%}" if share else "{:.3f}x"
         measured = (
             f"{form.format(middle)} ({unit(a):.0f} / {unit(b):.0f} {units}; "
             f"by round {' / '.join(form.format(r) for r in rounds)})"
