@@ -6,6 +6,7 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import (
@@ -15,11 +16,31 @@ from prometheus_client import (
     Histogram,
     generate_latest,
     multiprocess,
+    values,
 )
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 COMPUTE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+_pid: list[int] = []  # this process's id, kept by _remember_pid
+
+
+def _remember_pid() -> None:
+    """Multiprocess values that ask the process id once, not on every update.
+
+    prometheus_client calls ``os.getpid()``, a system call, on each update of a multiprocess
+    value, to notice a fork; that is about 0.2 µs of the 0.6-0.8 µs an update costs, on each of
+    the nine or so updates a request makes. Here the id is read once and again in the child of
+    any fork (``os.register_at_fork``), through the identifier hook prometheus_client gives for
+    this (``values.MultiProcessValue(process_identifier)``), so a forked child still gets files
+    of its own. Values made before this keep the stock identifier.
+    """
+    if _pid:
+        return
+    _pid.append(os.getpid())
+    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+    values.ValueClass = values.MultiProcessValue(lambda: _pid[0])
 
 
 class Metrics:
@@ -29,6 +50,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         # prometheus_client itself reads PROMETHEUS_MULTIPROC_DIR; Settings reads it for us.
         self.multiprocess = multiprocess
+        if multiprocess:
+            _remember_pid()
         registry = self.registry
         self.requests = Counter(
             "gelu_requests", "Requests answered (gRPC: endpoint grpc:<method>)",
