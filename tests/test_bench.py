@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import drive_order
 from contract.readme import block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +153,8 @@ def test_paused_stops_a_process_tree_and_continues_it() -> None:
 def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
     """Every pass drives every scenario once, starting at a different one; batching on and off
     of one protocol one right after the other, in the other order every other pass."""
+    from bench.run import drive_order
+
     groups = [["floor"], ["naive"], ["v1 on", "v1 off"], ["v2 on", "v2 off"]]
     passes = [drive_order(groups, i, 3) for i in range(3)]
     assert passes == [
