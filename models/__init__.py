@@ -30,6 +30,6 @@ def _cpu_flags() -> set[str]:
 
 
 if platform.machine() == "x86_64" and {"avx2", "fma"} <= _cpu_flags():
-    # ATen runs the kernels it is told to without checking the CPU: hence the test above.
+    # ATen runs the kernels it is told to without checking the CPU: hence the flags check.
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
