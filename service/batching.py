@@ -173,6 +173,15 @@ class Batcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    def run_now(self, inputs: dict[str, np.ndarray]) -> Outputs | None:
+        """The outputs of ``inputs`` run at once as a batch of their own, when no batch can
+        gather now: inline, nothing queued or gathering, and no company found lately
+        (``probes``); else None, and the request goes to ``infer``. Called first, it spares a
+        lone client's request the coroutine ``infer`` is, so it costs what it costs unbatched."""
+        if not self.inline or self._pending or self._gathering or probes(self._alone):
+            return None
+        return self._run_alone(inputs, len(next(iter(inputs.values()))))
+
     async def infer(
         self,
         inputs: dict[str, np.ndarray],

@@ -303,14 +303,18 @@ class DataPlane:
             inline = batch <= served.inline_batch
             batcher = served.batcher
             if batcher is not None and inline is batcher.inline:
-                results = await batcher.infer(inputs, names, deadline)
+                ran = batcher.run_now(inputs)
+                results = ran if ran is not None else await batcher.infer(inputs, names, deadline)
             else:
                 served.batch_size.observe(batch)
+                handed = time.perf_counter_ns()
                 if inline:  # bounded: see ModelRepository
-                    results, _, took = timed_infer(model, inputs)
+                    results, started, took = timed_infer(model, inputs)
                 else:  # onnxruntime releases the GIL: the run proceeds beside the loop
                     run = anyio.to_thread.run_sync
-                    results, _, took = await run(timed_infer, model, inputs, deadline)
+                    results, started, took = await run(timed_infer, model, inputs, deadline)
+                # As Triton's, every request's wait counts, with a batcher or without.
+                statistics.queue.add(started - handed)
                 statistics.record_run(batch, 1, 0, took, 0)
                 served.compute_seconds.observe(took / 1e9)
             ok = True

@@ -204,6 +204,34 @@ def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
     assert recorder.sizes == [1] * (2 * PROBE_GAP + 1) and queued == []
 
 
+def test_run_now_runs_a_lone_clients_request_only_when_no_batch_can_gather(model) -> None:
+    """``run_now`` answers at once only inline, with nothing queued, between probes; a request
+    that probes, or finds a batch gathering, or is for a batcher on threads, goes to ``infer``."""
+    refused = []
+
+    async def scenario():
+        on_threads, batcher = started(model, 64, 0), started(model, 64, 0, inline=True)
+        refused.append(on_threads.run_now({"input": DIGITS[:1]}))
+        for _ in range(3):  # after 0, 1 and 2 batches of one in a row, a request probes
+            refused.append(batcher.run_now({"input": DIGITS[:1]}))
+            await batcher.infer({"input": DIGITS[:1]})
+        alone = batcher.run_now({"input": DIGITS[:2]})  # after 3, it does not
+        gathering = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0)  # it leads a batch, yielding the loop for company
+        refused.append(batcher.run_now({"input": DIGITS[:1]}))
+        await gathering
+        await on_threads.stop()
+        await batcher.stop()
+        return alone
+
+    alone = run(scenario())
+    assert refused == [None] * 5
+    assert alone is not None
+    np.testing.assert_allclose(
+        alone["logits"], model.infer({"input": DIGITS[:2]})["logits"], rtol=1e-6
+    )
+
+
 def test_batching_through_the_app(settings_factory) -> None:
     """Batching on and off give the same answers; /metrics shows batches and queue time."""
     from fastapi.testclient import TestClient

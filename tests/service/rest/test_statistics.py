@@ -41,3 +41,21 @@ def test_statistics_count_requests_runs_and_time(client) -> None:
     assert "statistics" in client.get("/v2").json()["extensions"]
     metrics = client.get("/metrics").text
     assert 'gelu_compute_seconds_count{model="digits-mlp",version="2"}' in metrics
+
+
+def test_every_request_counts_in_the_queue_with_batching_on_or_off(settings_factory) -> None:
+    """As Triton's: a request's wait for its run is counted whether or not a batcher queued
+    it (a lone client's inline requests wait none), so queue count equals success count."""
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+
+    for batching in (True, False):
+        with TestClient(create_app(settings_factory(batching=batching))) as client:
+            for rows in (1, 2, 1):
+                body = {"instances": DIGITS[:rows].tolist()}
+                assert client.post(V1, json=body).status_code == 200
+            (stats,) = stats_of(client, "/v2/models/digits-mlp/versions/2/stats")
+        inference = stats["inference_stats"]
+        assert inference["success"]["count"] == 3, batching
+        assert inference["queue"]["count"] == 3, batching
