@@ -223,7 +223,8 @@ class Settings(BaseSettings):
         None,
         validation_alias="PROMETHEUS_MULTIPROC_DIR",
         description="prometheus_client's multiprocess directory (its own variable, no GELU_ "
-        "prefix); `serve` makes a temporary one when workers > 1 and this is unset.",
+        "prefix); `serve` makes a temporary one when workers > 1 and this is unset. Each worker "
+        "writes its samples there once a second (metrics.FLUSH_SECONDS).",
     )
 
     @field_validator("log_level", mode="before")
