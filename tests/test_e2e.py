@@ -108,15 +108,15 @@ def test_metrics_add_up_across_worker_processes(trained_repository: Path) -> Non
         # Many connections at once, so that both workers accept some of them.
         with ThreadPoolExecutor(16) as pool:
             assert set(pool.map(predict, range(200))) == {200}
-        counts = []
+        counts: list[float] = []
         deadline = time.monotonic() + 5 * FLUSH_SECONDS
         while not counts or (counts[-1] < 200 and time.monotonic() < deadline):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             conn.request("GET", "/metrics")
             text = conn.getresponse().read().decode()
             conn.close()
-            total, predict = "gelu_requests_total{", 'endpoint="/v1/models/{name}:predict"'
-            line = next(x for x in text.splitlines() if x.startswith(total) and predict in x)
+            total, endpoint = "gelu_requests_total{", 'endpoint="/v1/models/{name}:predict"'
+            line = next(x for x in text.splitlines() if x.startswith(total) and endpoint in x)
             counts.append(float(line.rsplit(" ", 1)[1]))
             time.sleep(FLUSH_SECONDS / 4)
     assert counts[-1] == 200.0, counts
