@@ -568,7 +568,10 @@ def test_the_shipped_fits_are_bench_fits() -> None:
 
     derived = fits.derive()
     assert derived["GELU_ROOT"] == activations.GELU_ROOT
+    # The fit solves an ill-conditioned least-squares system; LAPACK's kernels differ by CPU,
+    # and the same derivation gave coefficients 2.2e-10 apart (relative) on an AVX2 machine
+    # and an AVX-512 one. Both fits are equally good; 1e-8 still catches a changed fit.
     for name in ("MILLS_P", "MILLS_Q", "ROOT_QUOTIENT_P", "ROOT_QUOTIENT_Q"):
         np.testing.assert_allclose(
-            getattr(activations, name), np.asarray(derived[name], float), rtol=1e-12
+            getattr(activations, name), np.asarray(derived[name], float), rtol=1e-8
         )
