@@ -112,6 +112,34 @@ def timed_infer(
     return results, began, time.perf_counter_ns() - began
 
 
+class Runs:
+    """Where one model version's runs are counted: Triton's statistics and the Prometheus
+    histograms. Its batcher and its requests that run unbatched count through the same one, so a
+    run counts the same whichever path took it."""
+
+    __slots__ = ("batch_size", "compute", "statistics")
+
+    def __init__(self, model: Model, metrics: Metrics) -> None:
+        self.statistics = ModelStatistics()
+        # Children looked up once: labels() takes a lock and builds a key on every call.
+        self.batch_size = metrics.batch_size.labels(model.name)
+        self.compute = metrics.compute.labels(model.name, model.version)
+
+    def record(
+        self, samples: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One onnxruntime run of ``samples`` samples for ``requests`` requests, and its phases."""
+        self.statistics.record_run(samples, requests, input_ns, infer_ns, output_ns)
+        self.batch_size.observe(samples)
+        self.compute.observe(infer_ns / 1e9)
+
+    def record_alone(self, samples: int, queued_ns: int, infer_ns: int) -> None:
+        """One request run on its own, ``queued_ns`` after it was handed on: as Triton's, every
+        request's wait counts in the queue statistics, batched or not."""
+        self.statistics.queue.add(queued_ns)
+        self.record(samples, 1, 0, infer_ns, 0)
+
+
 class Batcher:
     """One per model version: a queue, and runs on the event loop or on worker threads."""
 
@@ -121,19 +149,16 @@ class Batcher:
         max_batch_size: int,
         max_queue_delay_us: int,
         metrics: Metrics,
+        runs: Runs,
         inline: bool = False,
-        statistics: ModelStatistics | None = None,
         instances: int = 1,
     ) -> None:
         self.model = model
-        self.statistics = statistics or ModelStatistics()
+        self.runs = runs
+        self._queue_time = metrics.queue_time.labels(model.name)  # only a batcher queues
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_us / 1e6
         self.inline = inline
-        # Children looked up once: labels() takes a lock and builds a key on every call.
-        self._queue_time = metrics.queue_time.labels(model.name)
-        self._batch_size = metrics.batch_size.labels(model.name)
-        self._compute = metrics.compute.labels(model.name, model.version)
         self._pending: deque[_Request] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
@@ -173,14 +198,16 @@ class Batcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    def run_now(self, inputs: dict[str, np.ndarray]) -> Outputs | None:
-        """The outputs of ``inputs`` run at once as a batch of their own, when no batch can
-        gather now: inline, nothing queued or gathering, and no company found lately
-        (``probes``); else None, and the request goes to ``infer``. Called first, it spares a
-        lone client's request the coroutine ``infer`` is, so it costs what it costs unbatched."""
+    def runs_alone(self) -> bool:
+        """Whether the next request is to run at once, unbatched, because no batch can gather
+        now: inline, nothing queued or gathering, and no company found lately (``probes``). If
+        so, it counts here as a batch of one, and the caller runs it as batching off would
+        (``Runs.record_alone``): a lone client's request is spared the coroutine ``infer`` is,
+        and, having no queue, is not in the queue-time histogram. Else it goes to ``infer``."""
         if not self.inline or self._pending or self._gathering or probes(self._alone):
-            return None
-        return self._run_alone(inputs, len(next(iter(inputs.values()))))
+            return False
+        self._alone += 1
+        return True
 
     async def infer(
         self,
@@ -194,14 +221,15 @@ class Batcher:
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
         if self.inline and not self._pending and not self._gathering:
+            arrived = time.perf_counter()
             if probes(self._alone) and await self._company():
-                request = _Request(inputs, size, loop.create_future(), deadline=deadline)
+                request = _Request(inputs, size, loop.create_future(), arrived, deadline)
                 self._pending.appendleft(request)  # first, as it came first
                 self._queued += size
                 self._run_inline()
                 results = await request.future
             else:  # no company lately, or none came: a batch of this request alone
-                results = self._run_alone(inputs, size)
+                results = self._run_alone(inputs, size, arrived)
             return {n: results[n] for n in outputs} if outputs else results
         future: asyncio.Future[Outputs] = loop.create_future()
         request = _Request(inputs, size, future, deadline=deadline)
@@ -249,14 +277,14 @@ class Batcher:
         await self._company()
         self._run_inline()
 
-    def _run_alone(self, inputs: dict[str, np.ndarray], size: int) -> Outputs:
-        """A batch of this one request, now, without queueing it."""
+    def _run_alone(self, inputs: dict[str, np.ndarray], size: int, arrived: float) -> Outputs:
+        """A batch of this one request, now, without queueing it; it has waited for company
+        since ``arrived`` (``time.perf_counter``)."""
         self._alone += 1
-        self._queue_time.observe(0.0)
-        self.statistics.queue.add(0)
-        self._batch_size.observe(size)
+        waited = time.perf_counter() - arrived
+        self._queue_time.observe(waited)
         results, _, infer_ns = timed_infer(self.model, inputs)
-        self._record(size, 1, 0, infer_ns, 0)
+        self.runs.record_alone(size, int(waited * 1e9), infer_ns)
         return results
 
     def _run_inline(self) -> None:
@@ -357,22 +385,16 @@ class Batcher:
         split = time.perf_counter_ns()
         self._split(batch, results)
         output_ns = time.perf_counter_ns() - split
-        self._record(self._size(batch), len(batch), input_ns, infer_ns, output_ns)
-
-    def _record(
-        self, samples: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
-    ) -> None:
-        self.statistics.record_run(samples, requests, input_ns, infer_ns, output_ns)
-        self._compute.observe(infer_ns / 1e9)
+        self.runs.record(self._size(batch), len(batch), input_ns, infer_ns, output_ns)
 
     def _feed(self, batch: list[_Request]) -> dict[str, np.ndarray]:
-        """The batch's inputs, concatenated; records queue times and the batch size."""
+        """The batch's inputs, concatenated; records the requests' queue times."""
         started = time.perf_counter()
+        queue_time, queue = self._queue_time, self.runs.statistics.queue
         for request in batch:
             waited = started - request.enqueued
-            self._queue_time.observe(waited)
-            self.statistics.queue.add(int(waited * 1e9))
-        self._batch_size.observe(self._size(batch))
+            queue_time.observe(waited)
+            queue.add(int(waited * 1e9))
         if len(batch) == 1:
             return batch[0].inputs
         return {n: np.concatenate([r.inputs[n] for r in batch]) for n in batch[0].inputs}

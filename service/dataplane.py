@@ -290,7 +290,7 @@ class DataPlane:
         timeout_us = request.timeout_us
         if timeout_us is None:
             timeout_us = self.settings.default_timeout_us
-        statistics, began, ok = served.statistics, time.perf_counter_ns(), False
+        statistics, began, ok = served.runs.statistics, time.perf_counter_ns(), False
         deadline = Deadline(began, timeout_us) if timeout_us else None
         served.in_flight += 1  # a version retired meanwhile finishes this request first
         try:
@@ -302,21 +302,16 @@ class DataPlane:
             batch = len(next(iter(inputs.values()))) if batched else 1
             inline = batch <= served.inline_batch
             batcher = served.batcher
-            if batcher is not None and inline is batcher.inline:
-                ran = batcher.run_now(inputs)
-                results = ran if ran is not None else await batcher.infer(inputs, names, deadline)
+            if batcher is not None and inline is batcher.inline and not batcher.runs_alone():
+                results = await batcher.infer(inputs, names, deadline)
             else:
-                served.batch_size.observe(batch)
                 handed = time.perf_counter_ns()
                 if inline:  # bounded: see ModelRepository
                     results, started, took = timed_infer(model, inputs)
                 else:  # onnxruntime releases the GIL: the run proceeds beside the loop
                     run = anyio.to_thread.run_sync
                     results, started, took = await run(timed_infer, model, inputs, deadline)
-                # As Triton's, every request's wait counts, with a batcher or without.
-                statistics.queue.add(started - handed)
-                statistics.record_run(batch, 1, 0, took, 0)
-                served.compute_seconds.observe(took / 1e9)
+                served.runs.record_alone(batch, started - handed, took)
             ok = True
         finally:
             served.finished()

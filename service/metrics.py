@@ -182,7 +182,9 @@ class Metrics:
             ["model"], buckets=BATCH_BUCKETS, registry=registry,
         )  # fmt: skip
         self.queue_time = Histogram(
-            "gelu_batch_queue_seconds", "Time a request waited for its batch to start",
+            "gelu_batch_queue_seconds",
+            "Time a request waited in a batcher for its batch to start (not counted: requests "
+            "run unbatched at once, as a lone client's are)",
             ["model"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
 

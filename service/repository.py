@@ -18,13 +18,12 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
 
 from contract.model_config import ModelConfig
 from contract.names import CONFIG_FILENAME
-from service.batching import Batcher
+from service.batching import Batcher, Runs
 from service.errors import ModelLoadError, NotFoundError
 from service.inference import ModelInfo, TensorInfo
 from service.metrics import Metrics
@@ -39,7 +38,6 @@ from service.runtime import (
     version_dirs,
 )
 from service.settings import Settings
-from service.statistics import ModelStatistics
 
 logger = logging.getLogger("gelu_serve")
 
@@ -55,10 +53,8 @@ class Served:
     batcher: Batcher | None
     inline_batch: int  # the largest batch run on the event loop (0: always on a thread)
     signature: tuple[int, ...]
+    runs: Runs
     info: ModelInfo | None = None
-    statistics: ModelStatistics = field(default_factory=ModelStatistics)
-    compute_seconds: Any = None  # its gelu_compute_seconds child, looked up once
-    batch_size: Any = None  # its gelu_batch_size child, looked up once
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,7 +133,7 @@ class ModelRepository:
             chosen = list(self._serving[name].values())
         else:
             chosen = [self.get(name, version)]
-        return [s.statistics.to_triton(s.model.name, s.model.version) for s in chosen]
+        return [s.runs.statistics.to_triton(s.model.name, s.model.version) for s in chosen]
 
     def max_batch(self, model: Model) -> int:
         """The largest batch one request may carry for ``model``."""
@@ -330,7 +326,7 @@ class ModelRepository:
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
         batcher = None
-        statistics = ModelStatistics()
+        runs = Runs(model, self.metrics)
         if batching:
             delay = settings.max_queue_delay_us
             if delay is None:
@@ -342,20 +338,12 @@ class ModelRepository:
                 size,
                 delay,
                 self.metrics,
+                runs,
                 inline=inline_batch > 0,
-                statistics=statistics,
                 instances=config.instance_count,
             )
             batcher.start()
-        return Served(
-            model,
-            batcher,
-            inline_batch,
-            files,
-            statistics=statistics,
-            compute_seconds=self.metrics.compute.labels(model.name, model.version),
-            batch_size=self.metrics.batch_size.labels(model.name),
-        )
+        return Served(model, batcher, inline_batch, files, runs)
 
     async def _inline_limit(self, model: Model, largest: int) -> int:
         """The largest batch of ``model`` that runs on the event loop: one whose run, timed

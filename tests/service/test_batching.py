@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_GAP, Batcher, probes
+from service.batching import PROBE_GAP, Batcher, Runs, probes
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
@@ -44,10 +44,17 @@ def run(coro):
 
 
 def started(
-    model: Model, max_batch_size: int, delay_us: int, inline: bool = False, instances: int = 1
+    model: Model,
+    max_batch_size: int,
+    delay_us: int,
+    inline: bool = False,
+    instances: int = 1,
+    metrics: Metrics | None = None,
 ) -> Batcher:
-    """A running batcher (call inside the event loop), with its own metrics."""
-    batcher = Batcher(model, max_batch_size, delay_us, Metrics(), inline, instances=instances)
+    """A running batcher (call inside the event loop), with its own metrics unless given."""
+    metrics = metrics or Metrics()
+    runs = Runs(model, metrics)
+    batcher = Batcher(model, max_batch_size, delay_us, metrics, runs, inline, instances=instances)
     batcher.start()
     return batcher
 
@@ -204,32 +211,35 @@ def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
     assert recorder.sizes == [1] * (2 * PROBE_GAP + 1) and queued == []
 
 
-def test_run_now_runs_a_lone_clients_request_only_when_no_batch_can_gather(model) -> None:
-    """``run_now`` answers at once only inline, with nothing queued, between probes; a request
-    that probes, or finds a batch gathering, or is for a batcher on threads, goes to ``infer``."""
-    refused = []
+def test_runs_alone_only_when_no_batch_can_gather(model) -> None:
+    """``runs_alone`` lets a request run unbatched only inline, with nothing queued, between
+    probes, and leaves it out of the queue-time histogram (it has no queue); a request that
+    probes, or finds a batch gathering, or is for a batcher on threads, goes to ``infer``."""
+    metrics = Metrics()
+    answers = []
 
     async def scenario():
-        on_threads, batcher = started(model, 64, 0), started(model, 64, 0, inline=True)
-        refused.append(on_threads.run_now({"input": DIGITS[:1]}))
+        on_threads = started(model, 64, 0)
+        batcher = started(model, 64, 0, inline=True, metrics=metrics)
+        answers.append(on_threads.runs_alone())
         for _ in range(3):  # after 0, 1 and 2 batches of one in a row, a request probes
-            refused.append(batcher.run_now({"input": DIGITS[:1]}))
+            answers.append(batcher.runs_alone())
             await batcher.infer({"input": DIGITS[:1]})
-        alone = batcher.run_now({"input": DIGITS[:2]})  # after 3, it does not
+        answers.append(batcher.runs_alone())  # after 3, it does not
         gathering = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
         await asyncio.sleep(0)  # it leads a batch, yielding the loop for company
-        refused.append(batcher.run_now({"input": DIGITS[:1]}))
+        answers.append(batcher.runs_alone())
         await gathering
         await on_threads.stop()
         await batcher.stop()
-        return alone
 
-    alone = run(scenario())
-    assert refused == [None] * 5
-    assert alone is not None
-    np.testing.assert_allclose(
-        alone["logits"], model.infer({"input": DIGITS[:2]})["logits"], rtol=1e-6
-    )
+    run(scenario())
+    assert answers == [False] * 4 + [True, False]
+    labels = {"model": model.name}
+    waits = metrics.registry.get_sample_value("gelu_batch_queue_seconds_count", labels)
+    assert waits == 4  # the three probes and the one that led a batch
+    runs = metrics.registry.get_sample_value("gelu_batch_size_count", labels)
+    assert runs == 4  # the caller runs and counts the one that ran alone
 
 
 def test_batching_through_the_app(settings_factory) -> None:
