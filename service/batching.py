@@ -137,7 +137,9 @@ class Runs:
         """One request run on its own, ``queued_ns`` after it was handed on: as Triton's, every
         request's wait counts in the queue statistics, batched or not."""
         self.statistics.queue.add(queued_ns)
-        self.record(samples, 1, 0, infer_ns, 0)
+        self.statistics.record_run(samples, 1, 0, infer_ns, 0)
+        self.batch_size.observe(samples)  # as record's, one call fewer on the unbatched path
+        self.compute.observe(infer_ns / 1e9)
 
 
 class Batcher:
