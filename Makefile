@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[cpu,train,dev,bench,ray]'
 	touch $@
 
-# wrk (Debian) drives the benchmark and its smoke test in `make test`.
+# wrk (Debian) drives the benchmark and its smoke test in `make test`; valgrind counts the
+# benchmark's instructions per request (bench/instructions.py).
 tools:
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)
 
 models: install
 	$(BIN)/gelu-serve models --repository $(REPOSITORY)

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from bench import instructions
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, paused, pin_tree
@@ -73,6 +74,7 @@ class Results:
     compute: dict[str, Any] = field(default_factory=dict)
     activations: list[dict[str, Any]] = field(default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
+    instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
 
     def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
         """The row of ``scenario`` at ``concurrency``; empty when it was not measured."""
@@ -609,6 +611,8 @@ def run(args: argparse.Namespace) -> Results:
     results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
     results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)
     results.breakdown = breakdown(repository, args.seconds)
+    if not args.smoke:  # a minute and a half under valgrind, when it is installed
+        results.instructions = instructions.count(repository) or {}
     results.environment["large_model"] = large
     return results
 
@@ -689,6 +693,13 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         for c in concurrencies:
             compare(f"{kind} at c={c}: batching on >= off", http(f"{kind} predict, batching on", c),
                     http(f"{kind} predict, batching off", c), 1.0)  # fmt: skip
+    if counted := results.instructions:  # what the c=1 rows' timings are within noise of
+        on, off = (counted[state] for state in instructions.STATES)
+        rows.append((
+            "in process, one request at a time: batching on's instructions per request against "
+            "off's (no target: counted by callgrind, not timed)",
+            f"{on / off:.3f}x ({on:,.0f} / {off:,.0f})", True,
+        ))  # fmt: skip
     v1, naive = http("v1 predict, batching on"), http("naive app")
     compare(f"v1 at c={top} >= {TARGET_NAIVE_RATIO:g}x the naive app", v1, naive,
             TARGET_NAIVE_RATIO)  # fmt: skip
@@ -891,6 +902,18 @@ def where_the_time_goes(results: Results) -> list[str]:
         "|---|---|",
     ]
     lines += [f"| {stage} | {us:.1f} |" for stage, us in results.breakdown.items()]
+    if counted := results.instructions:
+        lines += [
+            "",
+            f"Instructions per small request in the serving core, one request at a time "
+            f"({instructions.CALLS} of them: `DataPlane.infer`, batch of one, onnxruntime's run "
+            "included, no HTTP), counted by callgrind (`bench/instructions.py`): a count does not "
+            "move with the machine as a timing does.",
+            "",
+            "| state | instructions per request |",
+            "|---|---|",
+        ]
+        lines += [f"| {state} | {n:,.0f} |" for state, n in counted.items()]
     return lines
 
 

@@ -78,6 +78,41 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a minute and a half under valgrind
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="`make tools` installs valgrind")
+def test_instructions_are_counted_per_request_in_each_state(model_repository: Path) -> None:
+    from bench import instructions
+
+    counted = instructions.count(model_repository, calls=100)
+    assert counted is not None and list(counted) == list(instructions.STATES)
+    on, off = counted.values()
+    # one small request's core and run, not start-up's billions or an empty window; batching
+    # on runs a lone client's requests as off does, after a check
+    assert 50_000 < off < 2_000_000 and 0.9 < on / off < 1.1, counted
+
+
+def test_a_callgrind_total_is_its_summary_line() -> None:
+    from bench.instructions import total
+
+    assert total("version: 1\ncmd: python\nevents: Ir\nsummary: 73690744\ntotals: 1\n") == (
+        73690744
+    )
+    with pytest.raises(ValueError, match="no summary"):
+        total("events: Ir\n")
+
+
+def test_the_instruction_counts_are_a_row_of_their_own() -> None:
+    from bench.run import Results, targets
+
+    results = Results(
+        environment={}, http=[{"scenario": "naive app", "concurrency": 1, "errors": 0}]
+    )
+    results.instructions = {"batching on": 246_012.5, "batching off": 243_300.0}
+    rows = {target: (shown, met) for target, shown, met in targets(results, "large")}
+    row = next(r for r in rows if r.startswith("in process, one request at a time"))
+    assert rows[row] == ("1.011x (246,012 / 243,300)", True)
+
+
 def test_readme_targets_are_the_committed_run() -> None:
     """The README's targets block is what docs/benchmarks.json gives, byte for byte."""
     from bench.run import README_BLOCK, load_results, readme_block
