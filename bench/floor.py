@@ -52,17 +52,43 @@ async def serve_grpc(port: int) -> None:
     await server.wait_for_termination()
 
 
-def serve_http(port: int) -> None:
-    """``python -m bench.floor --http PORT``: the HTTP floor served as the service serves
-    (its uvicorn protocol and options, ``service.rest.server.http_options``), to tell what the
-    service's own server saves from what its app does."""
+def serve_http(port: int, workers: int = 1) -> None:
+    """``python -m bench.floor --http PORT [WORKERS]``: the HTTP floor served as the service
+    serves (its uvicorn protocol and options, ``service.rest.server.http_options``; with several
+    workers, each on its own ``SO_REUSEPORT`` socket), to tell what the service's own server
+    saves from what its app does. SIGTERM stops every worker."""
+    if workers == 1:
+        _serve_http(port)
+        return
+    import multiprocessing
+    import signal
+
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_serve_http, args=(port, True)) for _ in range(workers)]
+
+    def stop(*_: object) -> None:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+
+
+def _serve_http(port: int, reuse_port: bool = False) -> None:
     import uvicorn
 
-    from service.rest.server import http_options
+    from service.rest.server import http_options, reuse_port_socket
     from service.settings import load_settings
 
     options = http_options(load_settings())
-    uvicorn.run(create_app(), host="127.0.0.1", port=port, log_level="warning", **options)
+    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning",
+                            **options)  # fmt: skip
+    sockets = [reuse_port_socket("127.0.0.1", port)] if reuse_port else None
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":
@@ -70,6 +96,6 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1] == "--http":
-        serve_http(int(sys.argv[2]))
+        serve_http(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     else:
         asyncio.run(serve_grpc(int(sys.argv[1])))

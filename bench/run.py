@@ -145,15 +145,17 @@ def server(
 
 
 FLOOR_AS_SERVED = "http floor, served as the service serves"
+FLOOR_AS_SERVED_TWO = f"{FLOOR_AS_SERVED}, --workers 2"
 ECHO_AS_SERVED = "echo floor, served as the service serves"
 
 
 @contextmanager
-def floor_as_served(cpus: str) -> Iterator[Server]:
-    """``bench.floor``'s HTTP floor with the service's own uvicorn protocol and options."""
+def floor_as_served(cpus: str, workers: int = 1) -> Iterator[Server]:
+    """``bench.floor``'s HTTP floor with the service's own uvicorn protocol and options (and,
+    with several workers, its own ``SO_REUSEPORT`` socket each, as the service's)."""
     port = _free_port()
-    command = [sys.executable, "-m", "bench.floor", "--http", str(port)]
-    with serve(command, {}, cpus, port, "/docs", settle=0.5) as started:
+    command = [sys.executable, "-m", "bench.floor", "--http", str(port), str(workers)]
+    with serve(command, {}, cpus, port, "/docs", settle=0.5 * workers) as started:
         yield started
 
 
@@ -596,6 +598,7 @@ def run(args: argparse.Namespace) -> Results:
             serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
             server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
+            floor_as_served(every_cpu, workers=2) as floor_served_two,
         ):
             two = dataclasses.replace(started, batches=True)
             for _ in range(args.rounds):
@@ -603,6 +606,7 @@ def run(args: argparse.Namespace) -> Results:
                     ("v1 predict, gelu-serve serve --workers 2", two, small["v1"]),
                     ("naive app, uvicorn --workers 2", naive_two, small["v1"]),
                     ("http floor, uvicorn --workers 2", floor_two, floor_request),
+                    (FLOOR_AS_SERVED_TWO, floor_served_two, floor_request),
                 ):
                     point(name, target, request, top, results.http, pin=False)
     results.http = median_rounds(results.http)
@@ -710,6 +714,9 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
             http("naive app, uvicorn --workers 2"), TARGET_NAIVE_RATIO)  # fmt: skip
     compare(f"the HTTP floor at c={top}: 2 workers against 1 (no target: what this machine "
             "gives the stack)", http("http floor, uvicorn --workers 2"), floor, 0.0)  # fmt: skip
+    compare(f"the HTTP floor served as the service serves at c={top}: 2 workers against 1 (no "
+            "target: what this machine gives the service's server, each worker on its own "
+            "socket)", http(FLOOR_AS_SERVED_TWO), served, 0.0)  # fmt: skip
     compare(f"v2-json at c={top} >= {TARGET_PEER_RATIO:g}x {PEER_MLSERVER}",
             http("v2-json predict, batching on"), http(f"{PEER_MLSERVER} v2-json"),
             TARGET_PEER_RATIO)  # fmt: skip

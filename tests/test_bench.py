@@ -197,3 +197,65 @@ def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
         ["naive", "v1 off", "v1 on", "v2 off", "v2 on", "floor"],
         ["v1 on", "v1 off", "v2 on", "v2 off", "floor", "naive"],
     ]
+
+
+@pytest.mark.slow  # two real uvicorn workers
+def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigterm() -> None:
+    """``python -m bench.floor --http PORT 2``: both workers answer some of 32 connections (each
+    on its own SO_REUSEPORT socket), and SIGTERM to the parent stops them all."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.proc import cpu_seconds, process_tree
+    from bench.run import _free_port
+
+    port = _free_port()
+    parent = subprocess.Popen([sys.executable, "-m", "bench.floor", "--http", str(port), "2"],
+                              cwd=ROOT)  # fmt: skip
+
+    def ready() -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/docs")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+
+    def client(_: int) -> list[int]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        statuses = []
+        for _ in range(30):
+            conn.request("POST", "/floor", body=b"{}")
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+        conn.close()
+        return statuses
+
+    try:
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # both workers listening
+        tree = process_tree(parent.pid)[1:]  # the workers and multiprocessing's tracker
+        workers = [
+            pid for pid in tree if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(workers) == 2, tree
+        before = {pid: cpu_seconds(pid) for pid in workers}
+        with ThreadPoolExecutor(32) as pool:
+            assert {s for statuses in pool.map(client, range(32)) for s in statuses} == {200}
+        busy = [pid for pid in workers if cpu_seconds(pid) - before[pid] >= 0.02]
+        assert len(busy) == 2, {pid: cpu_seconds(pid) - before[pid] for pid in workers}
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 0
+        for _ in range(100):  # the tracker leaves once the parent's pipe closes
+            if not any(Path(f"/proc/{pid}").exists() for pid in tree):
+                break
+            time.sleep(0.05)
+        assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+    finally:
+        if parent.poll() is None:
+            for pid in reversed(process_tree(parent.pid)):
+                os.kill(pid, signal.SIGKILL)
+            parent.wait()
