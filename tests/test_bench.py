@@ -259,3 +259,20 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
             for pid in reversed(process_tree(parent.pid)):
                 os.kill(pid, signal.SIGKILL)
             parent.wait()
+
+
+def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
+    """The 2-worker target divides by the 1-worker twin driven beside it; a run without twins
+    (before they were measured) by the main 1-worker row."""
+    from bench.run import ONE_WORKER, TWO_WORKERS, Results, targets
+
+    def point(scenario: str, rps: float) -> dict:
+        return {"scenario": scenario, "concurrency": 64, "rps": rps, "errors": 0}
+
+    rows = [point("v1 predict, batching on", 100.0), point(TWO_WORKERS, 216.0)]
+    target = "v1 at c=64: 2 workers >= 1.8x 1 worker"
+    measured = {t: (shown, met) for t, shown, met in targets(Results({}, rows), "large")}
+    assert measured[target] == ("2.16x (216 / 100 req/s; by round 2.16x)", True)
+    rows.append(point(ONE_WORKER, 125.0))
+    measured = {t: (shown, met) for t, shown, met in targets(Results({}, rows), "large")}
+    assert measured[target] == ("1.73x (216 / 125 req/s; by round 1.73x)", False)
