@@ -100,14 +100,19 @@ def ray_start(*args: str, log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-def wait_for(what: str, check, timeout: float, every: float = 0.5):
+def wait_for(what: str, check, timeout: float, every: float = 0.5, log: Path | None = None):
+    """``check()``'s first true result within ``timeout`` seconds; else a failure that quotes
+    the end of ``log`` (a Ray node's own output says why it did not come up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = check()
         if result:
             return result
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    message = f"timed out waiting for {what}"
+    if log is not None and log.exists():
+        message += f"; {log.name} ends:\n{log.read_text(errors='replace')[-3000:]}"
+    raise AssertionError(message)
 
 
 def reachable(url: str) -> bool:
@@ -141,7 +146,7 @@ def cluster() -> Iterator[Cluster]:
                 log=temp / "head.log",
             )
         )
-        wait_for("the head node", lambda: reachable(started.dashboard), 90)
+        wait_for("the head node", lambda: reachable(started.dashboard), 180, log=temp / "head.log")
         started.processes.append(
             ray_start(
                 f"--address=127.0.0.1:{gcs}",
@@ -151,7 +156,8 @@ def cluster() -> Iterator[Cluster]:
                 log=temp / "node.log",
             )
         )
-        wait_for("two nodes", lambda: len(alive_nodes(started.dashboard)) == 2, 90)
+        two = lambda: len(alive_nodes(started.dashboard)) == 2  # noqa: E731
+        wait_for("two nodes", two, 180, log=temp / "node.log")
         started.up_seconds = time.monotonic() - began
         yield started
     finally:
