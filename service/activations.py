@@ -1,15 +1,18 @@
-"""Activation functions and their derivatives as small ONNX graphs run by onnxruntime.
+"""Activation functions and their derivatives, evaluated elementwise.
 
-Two kernels, both built at start-up on the same execution providers as the models:
+Two kernels, both built at start-up:
 
 - ``accurate`` (the default): every function and derivative within a few float32 ULPs of the
-  correctly rounded value over the whole float32 line, with the right limits at +-inf. The
-  graph casts x to float64 and uses formulas that never subtract nearly equal numbers: Phi's
-  left tail as phi(a) M(a) with M the Mills ratio (a rational fit, ``bench/fits.py``),
-  sigmoids as exp(-|v|) / (1 + exp(-|v|)), GELU's derivative through its root, and ELU through
-  expm1 = 2 tanh(x/2) / (1 - tanh(x/2)); then it rounds once, to float32.
+  correctly rounded value over the whole float32 line, with the right limits at +-inf. It
+  computes in float64 with formulas that never subtract nearly equal numbers: Phi's left tail
+  as phi(a) M(a) with M the Mills ratio (a rational fit, ``bench/fits.py``), sigmoids as
+  exp(-|v|) / (1 + exp(-|v|)), GELU's derivative through its root, and ELU through
+  expm1 = 2 tanh(x/2) / (1 - tanh(x/2)); then it rounds once, to float32. The formulas are
+  written once (``service.formula``) and run compiled for the CPU (``service.compiled``) or, on
+  other execution providers, as ONNX graphs on onnxruntime.
 - ``native``: exactly the ops an exported model runs (``Gelu``, ``Sigmoid`` and ``Mul``,
-  ``Relu``, ``Elu``), in float32, for the functions a model can contain.
+  ``Relu``, ``Elu``), in float32, for the functions a model can contain, on the models'
+  execution providers.
 
 Input and output: float32 of any shape.
 """
@@ -17,10 +20,9 @@ Input and output: float32 of any shape.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 import onnx
@@ -28,12 +30,15 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from contract.names import EVALUATED_ACTIVATIONS
+from service.compiled import CompiledKernels, unavailable
+from service.formula import Builder, Formula, V
 from service.runtime import SessionFactory, largest_within, median_us
 
 OPSET = 20
 IR_VERSION = 10  # onnx's default IR is newer than onnxruntime 1.31 accepts
 INPUT, OUTPUT = "x", "y"
 ACCURATE, NATIVE = "accurate", "native"
+CPU_PROVIDER = "CPUExecutionProvider"
 KERNELS = (ACCURATE, NATIVE)
 # Elements per onnxruntime call for the accurate graphs: their float64 intermediates then stay
 # in cache (a 30-op float64 chain measured 13.8 ms per 1e6 values in one call, 7.6 in chunks).
@@ -83,11 +88,11 @@ ROOT_QUOTIENT_Q = (
 )
 
 
-class _GraphBuilder:
-    """Appends ONNX nodes; each call returns the name of the value it produced.
+class _GraphBuilder(Formula[str]):
+    """Appends ONNX nodes; values are the names of the nodes' outputs.
 
     Constants take the builder's element type: float64 for the accurate kernel, float32 for
-    the native one.
+    the native one and the formulas exact in float32.
     """
 
     def __init__(self, elem_type: int) -> None:
@@ -107,42 +112,6 @@ class _GraphBuilder:
             self.initializers.append(helper.make_tensor(name, self.elem_type, [], [value]))
             self._constants[value] = name
         return self._constants[value]
-
-    # Shorthands so that the formulas below read like the formulas.
-    def add(self, a: str, b: str) -> str:
-        return self.op("Add", a, b)
-
-    def sub(self, a: str, b: str) -> str:
-        return self.op("Sub", a, b)
-
-    def mul(self, a: str, b: str) -> str:
-        return self.op("Mul", a, b)
-
-    def div(self, a: str, b: str) -> str:
-        return self.op("Div", a, b)
-
-    def scale(self, a: str, k: float) -> str:
-        return self.mul(a, self.const(k))
-
-    def shift(self, a: str, k: float) -> str:
-        return self.add(a, self.const(k))
-
-    def clamp_above(self, a: str, k: float) -> str:
-        return self.op("Min", a, self.const(k))
-
-    def step(self, x: str) -> str:
-        """1 where x > 0, else 0 (NaN gives 0: every caller carries NaN through another term)."""
-        return self.op("Cast", self.op("Greater", x, self.const(0.0)), to=self.elem_type)
-
-    def polynomial(self, x: str, coefficients: tuple[float, ...]) -> str:
-        """Horner's scheme, coefficients in ascending powers."""
-        result = self.const(coefficients[-1])
-        for c in reversed(coefficients[:-1]):
-            result = self.shift(self.mul(result, x), c)
-        return result
-
-    def rational(self, x: str, p: tuple[float, ...], q: tuple[float, ...]) -> str:
-        return self.div(self.polynomial(x, p), self.polynomial(x, q))
 
     def model(self, result: str) -> onnx.ModelProto:
         """float32 in and out; an inner float64 graph is cast at both ends."""
@@ -164,41 +133,39 @@ class _GraphBuilder:
         )
 
 
-Builder = Callable[[_GraphBuilder, str], str]
-
-# ---- the accurate kernel: x is float64 ---------------------------------------------------------
+# ---- the accurate kernel: x is float64 (the graphs cast to it; compiled code loads it so) -------
 
 
-class _Gaussian:
+class _Gaussian(Generic[V]):
     """The pieces shared by Phi, GELU and their derivatives, for a = min(|x|, 40)."""
 
-    def __init__(self, g: _GraphBuilder, x: str) -> None:
+    def __init__(self, g: Formula[V], x: V) -> None:
         self.a = g.clamp_above(g.op("Abs", x), GAUSSIAN_CLAMP)
         self.pdf = g.scale(g.op("Exp", g.scale(g.mul(self.a, self.a), -0.5)), INV_SQRT_2PI)
 
-    def tail(self, g: _GraphBuilder) -> str:
+    def tail(self, g: Formula[V]) -> V:
         """Phi(-a) = phi(a) M(a): the left tail, relative-accurate however small."""
         return g.mul(self.pdf, g.rational(self.a, MILLS_P, MILLS_Q))
 
 
-def _phi(g: _GraphBuilder, x: str) -> str:
+def _phi(g: Formula[V], x: V) -> V:
     """Phi(x) = Phi(-a) for x <= 0, 1 - Phi(-a) for x > 0: H + (1 - 2H) Phi(-a)."""
     n, step = _Gaussian(g, x), g.step(x)
     sign = g.shift(g.scale(step, -2.0), 1.0)
     return g.add(step, g.mul(sign, n.tail(g)))
 
 
-def _pdf(g: _GraphBuilder, x: str) -> str:
+def _pdf(g: Formula[V], x: V) -> V:
     return _Gaussian(g, x).pdf
 
 
-def _gelu(g: _GraphBuilder, x: str) -> str:
+def _gelu(g: Formula[V], x: V) -> V:
     """x Phi(x) = relu(x) - a Phi(-a): for x > 0, x (1 - Phi(-x)); for x <= 0, x Phi(x)."""
     n = _Gaussian(g, x)
     return g.sub(g.op("Relu", x), g.mul(n.a, n.tail(g)))
 
 
-def _gelu_derivative(g: _GraphBuilder, x: str) -> str:
+def _gelu_derivative(g: Formula[V], x: V) -> V:
     """Phi(x) + x phi(x) = H + sign(x) phi(a) (a - M(a)), with a - M(a) = (a - a0) R(a)."""
     n, step = _Gaussian(g, x), g.step(x)
     sign = g.shift(g.scale(step, 2.0), -1.0)
@@ -219,17 +186,17 @@ class _SigmoidForm:
     v: Builder
     w: Builder
 
-    def _magnitude(self, g: _GraphBuilder, x: str) -> tuple[str, str]:
+    def _magnitude(self, g: Formula[V], x: V) -> tuple[V, V]:
         """|x| (clamped where the sigmoid has saturated) and e = exp(-|v(x)|)."""
         ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
         return ax, g.op("Exp", g.op("Neg", self.v(g, ax)))
 
-    def forward(self, g: _GraphBuilder, x: str) -> str:
+    def forward(self, g: Formula[V], x: V) -> V:
         """relu(x) - |x| e / (1 + e), e = exp(-|v|): no cancellation on either side."""
         ax, e = self._magnitude(g, x)
         return g.sub(g.op("Relu", x), g.div(g.mul(ax, e), g.shift(e, 1.0)))
 
-    def derivative(self, g: _GraphBuilder, x: str) -> str:
+    def derivative(self, g: Formula[V], x: V) -> V:
         """N / (1 + e)^2: N = 1 + e + w e for x > 0, e (1 + e - |w|) for x <= 0.
 
         The second is where the derivative crosses zero; float64 carries it through.
@@ -264,18 +231,18 @@ _SILU = _scaled(1.0)
 _SIGMOID_GELU = _scaled(SIGMOID_GELU_SCALE)
 
 
-def _elu(g: _GraphBuilder, x: str) -> str:
+def _elu(g: Formula[V], x: V) -> V:
     """relu(x) + expm1(min(x, 0)), expm1(z) = 2t / (1 - t), t = tanh(z / 2)."""
     t = g.op("Tanh", g.scale(g.clamp_above(x, 0.0), 0.5))
     return g.add(g.op("Relu", x), g.div(g.scale(t, 2.0), g.sub(g.const(1.0), t)))
 
 
-def _elu_derivative(g: _GraphBuilder, x: str) -> str:
+def _elu_derivative(g: Formula[V], x: V) -> V:
     """exp(min(x, 0)): 1 for x > 0."""
     return g.op("Exp", g.clamp_above(x, 0.0))
 
 
-def _relu_derivative(g: _GraphBuilder, x: str) -> str:
+def _relu_derivative(g: Formula[V], x: V) -> V:
     """sign(relu(x)): 1 for x > 0, 0 for x <= 0, NaN for NaN."""
     return g.op("Sign", g.op("Relu", x))
 
@@ -372,6 +339,10 @@ def kernels(activation: Activation, derivative: bool) -> tuple[str, ...]:
     return (ACCURATE, NATIVE) if activation.native and not derivative else (ACCURATE,)
 
 
+def _builder(activation: Activation, derivative: bool) -> Builder:
+    return activation.derivative if derivative else activation.forward
+
+
 def build_graph(
     activation: Activation, derivative: bool, kernel: str = ACCURATE
 ) -> onnx.ModelProto:
@@ -383,7 +354,7 @@ def build_graph(
             )
         g = _GraphBuilder(TensorProto.FLOAT)
         return g.model(activation.native(g, INPUT))
-    builder = activation.derivative if derivative else activation.forward
+    builder = _builder(activation, derivative)
     if (activation.name, derivative) in EXACT_IN_FLOAT32:
         g = _GraphBuilder(TensorProto.FLOAT)
         return g.model(builder(g, INPUT))
@@ -391,28 +362,65 @@ def build_graph(
     return g.model(builder(g, g.op("Cast", INPUT, to=TensorProto.DOUBLE)))
 
 
-class ActivationEvaluator:
-    """One onnxruntime session per activation, derivative and kernel, built at start-up."""
+def why_not_compiled(compile: bool, providers: list[str]) -> str | None:
+    """Why the accurate kernel runs as graphs on onnxruntime, given the providers the native
+    kernel's sessions use; None: it runs compiled. On a GPU the graphs run where the models
+    do; a GPU provider that fell back to the CPU leaves the CPU alone, and the kernel compiled."""
+    if not compile:
+        return "GELU_COMPILE_ACTIVATIONS=false"
+    if providers != [CPU_PROVIDER]:
+        return f"providers {', '.join(providers)}"
+    return unavailable()
 
-    def __init__(self, sessions: SessionFactory) -> None:
+
+class ActivationEvaluator:
+    """Every activation, derivative and kernel, built at start-up.
+
+    The native kernel is onnxruntime's ops, on the configured providers. The accurate kernel is
+    compiled for this CPU (``service.compiled``) when those providers are the CPU's alone and
+    ``compile`` allows; otherwise its float64 graphs run on onnxruntime beside the native ones.
+    """
+
+    def __init__(self, sessions: SessionFactory, compile: bool = True) -> None:
         self.sessions: dict[tuple[str, bool, str], ort.InferenceSession] = {}
         self.providers: list[str] = []
-        for name, activation in ACTIVATIONS.items():
-            for derivative in (False, True):
-                for kernel in kernels(activation, derivative):
-                    graph = build_graph(activation, derivative, kernel).SerializeToString()
-                    label = f"activation {name}{' derivative' if derivative else ''} ({kernel})"
-                    session, self.providers = sessions.create(graph, label)
-                    self.sessions[name, derivative, kernel] = session
+        self.functions = [
+            (name, derivative, kernel)
+            for name, activation in ACTIVATIONS.items()
+            for derivative in (False, True)
+            for kernel in kernels(activation, derivative)
+        ]
+        for name, derivative, kernel in self.functions:
+            if kernel == NATIVE:
+                self._session(sessions, name, derivative, kernel)
+        self.compiled: CompiledKernels | None = None
+        why_not = why_not_compiled(compile, self.providers)
+        if why_not is None:
+            self.compiled = CompiledKernels(
+                {(name, d): _builder(ACTIVATIONS[name], d) for name, d, _ in self.functions}
+            )
+            self.accurate = self.compiled.description
+        else:
+            for name, derivative, kernel in self.functions:
+                if kernel == ACCURATE:
+                    self._session(sessions, name, derivative, kernel)
+            self.accurate = f"onnxruntime float64 graphs ({why_not})"
         self.evaluate("gelu", np.zeros(8, np.float32))  # warm-up
+
+    def _session(self, sessions: SessionFactory, name: str, derivative: bool, kernel: str) -> None:
+        graph = build_graph(ACTIVATIONS[name], derivative, kernel).SerializeToString()
+        label = f"activation {name}{' derivative' if derivative else ''} ({kernel})"
+        self.sessions[name, derivative, kernel], self.providers = sessions.create(graph, label)
 
     def evaluate(
         self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
     ) -> np.ndarray:
         """f(x) or f'(x) elementwise, float32; blocks, so call it off the event loop."""
-        session = self.sessions[name, derivative, kernel]
         # Elementwise: run on a flat view, which also covers 0-d arrays onnxruntime refuses.
         flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+        if kernel == ACCURATE and self.compiled is not None:
+            return self.compiled.evaluate((name, derivative), flat).reshape(x.shape)
+        session = self.sessions[name, derivative, kernel]
         if kernel == NATIVE or flat.size <= CHUNK:
             result: np.ndarray = session.run([OUTPUT], {INPUT: flat})[0]
             return result.reshape(x.shape)
@@ -432,5 +440,5 @@ class ActivationEvaluator:
         x = np.linspace(-8.0, 8.0, size, dtype=np.float32)
         return max(
             median_us(partial(self.evaluate, name, x, derivative, kernel))
-            for name, derivative, kernel in self.sessions
+            for name, derivative, kernel in self.functions
         )

@@ -136,7 +136,10 @@ class DataPlane:
                     await repository.stop()
                     raise StartupError(f"{exc} (GELU_EXIT_ON_ERROR=true)") from None
         try:
-            self._activations = await anyio.to_thread.run_sync(ActivationEvaluator, sessions)
+            self._activations = await anyio.to_thread.run_sync(
+                ActivationEvaluator, sessions, settings.compile_activations
+            )
+            logger.info("activations: the accurate kernel runs %s", self._activations.accurate)
         except ModelLoadError as exc:
             await repository.stop()
             raise StartupError(str(exc)) from None
@@ -440,6 +443,10 @@ class DataPlane:
     def activation_providers(self) -> list[str]:
         """The execution providers the activation graphs run on."""
         return self._evaluator().providers
+
+    def accurate_kernel(self) -> str:
+        """How the accurate kernel runs: compiled for which CPU, or on onnxruntime and why."""
+        return self._evaluator().accurate
 
     def check_activation(self, name: str) -> None:
         """404 for an activation that does not exist."""

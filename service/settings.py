@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         description="Batches that run within this many microseconds (timed at start-up) run on "
         "the event loop instead of a worker thread; 0: always a thread.",
     )
+    compile_activations: bool = Field(
+        True,
+        description="Compile the activation endpoint's accurate kernel for this CPU (LLVM, "
+        "about 0.2 s at start-up; used when the providers are the CPU's alone); false: run its "
+        "float64 graphs on onnxruntime.",
+    )
     grpc_port: int = Field(
         8001,
         ge=0,

@@ -25,13 +25,17 @@ BINARY_BODY = (
 
 @router.get("/v1/activations", response_model=ActivationList, responses=responses(503))
 async def list_activations(request: Request) -> Response:
-    """The functions, their formulas and derivatives, and the providers evaluating them."""
+    """The functions, their formulas and derivatives, and what evaluates them."""
     plane = get_plane(request)
     listing = [
         {"name": name, "formula": formula, "derivative": derivative, "kernels": kernels}
         for name, formula, derivative, kernels in plane.activation_formulas()
     ]
-    body = {"activations": listing, "providers": plane.activation_providers()}
+    body = {
+        "activations": listing,
+        "providers": plane.activation_providers(),
+        "accurate_kernel": plane.accurate_kernel(),
+    }
     return Response(codecs.dumps(body), media_type=codecs.JSON)
 
 

@@ -185,7 +185,11 @@ class ActivationInfo(BaseModel):
 
 class ActivationList(BaseModel):
     activations: list[ActivationInfo]
-    providers: list[str]
+    providers: list[str] = Field(description="the native kernel's execution providers")
+    accurate_kernel: str = Field(
+        description="how the accurate kernel runs: compiled for this CPU, or on onnxruntime",
+        examples=["compiled for znver4 (LLVM 22)"],
+    )
 
 
 class ActivationRequest(BaseModel):

@@ -413,10 +413,13 @@ def test_reference_points_within_the_stated_ulps(client, name: str, derivative: 
     assert not accuracy.edge_failures(got, want, POINTS)
 
 
-def test_every_region_within_the_stated_ulps() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "onnxruntime"])
+def test_every_region_within_the_stated_ulps(compiled: bool) -> None:
     """The same measurement as ``make accuracy``, on fewer points: every function, derivative
-    and region of the float32 line, against mpmath, within the README's bounds."""
-    evaluator = accuracy.evaluator()
+    and region of the float32 line, against mpmath, within the README's bounds, for the
+    accurate kernel compiled and as graphs on onnxruntime."""
+    evaluator = accuracy.evaluator(compile=compiled)
+    assert (evaluator.compiled is not None) == compiled
     table = accuracy.measure(evaluator.evaluate, n=150, kernels_to_measure=("accurate",))
     over = {
         (name, derivative, region): worst
