@@ -74,6 +74,7 @@ class Results:
     compute: dict[str, Any] = field(default_factory=dict)
     activations: list[dict[str, Any]] = field(default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, float] = field(default_factory=dict)  # ms per activation call, in process
     instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
 
     def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
@@ -412,6 +413,7 @@ def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "client_cpu": args.client_cpu,
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
+        "activation_values": args.activation_values,
     }
 
 
@@ -485,6 +487,26 @@ def breakdown(repository: Path, seconds: float) -> dict[str, float]:
             await plane.stop()
 
     return asyncio.run(measure_core())
+
+
+def activation_kernels(values: int) -> dict[str, float]:
+    """What the activation rows' evaluation costs in process: ms for one call of each kernel
+    on the activation rows' ``values`` (gelu; the median of 15), and a copy of the array."""
+    from bench.accuracy import evaluator
+    from service.activations import NATIVE
+    from service.runtime import median_us
+
+    x = np.frombuffer(activation_requests(values)["binary"].body, "<f4")
+    compiled, graphs = evaluator(compile=True), evaluator(compile=False)
+    calls: dict[str, Callable[[], object]] = {
+        f"accurate, {compiled.accurate}": lambda: compiled.evaluate("gelu", x),
+        "accurate, onnxruntime float64 graphs (GELU_COMPILE_ACTIVATIONS=false)": lambda: (
+            graphs.evaluate("gelu", x)
+        ),
+        "native (onnxruntime's Gelu, float32)": lambda: compiled.evaluate("gelu", x, False, NATIVE),
+        "a copy of the array (numpy)": x.copy,
+    }
+    return {name: median_us(call, runs=15) / 1000 for name, call in calls.items()}
 
 
 def run(args: argparse.Namespace) -> Results:
@@ -627,6 +649,7 @@ def run(args: argparse.Namespace) -> Results:
     results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
     results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)
     results.breakdown = breakdown(repository, args.seconds)
+    results.kernels = activation_kernels(args.activation_values)
     if not args.smoke:  # a minute and a half under valgrind, when it is installed
         results.instructions = instructions.count(repository) or {}
     results.environment["large_model"] = large
@@ -879,6 +902,17 @@ def write_report(results: Results, out: Path) -> None:
             f"{megabytes(a):.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['errors']} | "
             f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {rounds(a, '.1f')} |"
         )
+    if results.kernels:
+        lines += [
+            "",
+            "The activation kernels in process, one call on "
+            f"{results.environment.get('activation_values', ACTIVATION_VALUES):,} values of "
+            "gelu (ms, the median of 15; no HTTP):",
+            "",
+            "| kernel | ms |",
+            "|---|---|",
+        ]
+        lines += [f"| {name} | {ms:.2f} |" for name, ms in results.kernels.items()]
     lines += where_the_time_goes(results)
     c = results.compute
     lines += [

@@ -171,6 +171,12 @@ r = json.load(sys.stdin)
 want = [x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in (-1.0, 0.0, 1.0)]
 assert all(abs(a - b) < 1e-6 for a, b in zip(r["data"], want)), r
 print("activation: gelu(-1, 0, 1) =", r["data"])'
+# The accurate kernel compiled in the image (llvmlite, as the non-root user), not the fallback.
+curl -sfS "$url/v1/activations" | python3 -c '
+import json, sys
+kernel = json.load(sys.stdin)["accurate_kernel"]
+assert kernel.startswith("compiled for "), kernel
+print("activation: the accurate kernel runs", kernel)'
 .venv/bin/python - "127.0.0.1:$grpc_port" <<'PY'
 import sys
 import grpc

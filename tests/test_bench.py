@@ -67,6 +67,11 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
             ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations  # fmt: skip
     assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
     assert report["breakdown"]["onnxruntime run, batch of 1"] > 0
+    # the activation kernels timed in process on the rows' values: both ways of the accurate
+    # kernel, the native op and a copy, each a positive time, and the table that shows them
+    kernels = report["kernels"]
+    assert len(kernels) == 4 and all(ms > 0 for ms in kernels.values()), kernels
+    assert next(iter(kernels)).startswith("accurate, compiled for ")
     markdown = (tmp_path / "benchmarks.md").read_text()
     zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
     assert zero in markdown
@@ -75,6 +80,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
     assert "| mean batch |" in markdown
+    assert "one call on 10,000 values of gelu" in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
