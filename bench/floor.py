@@ -55,39 +55,26 @@ async def serve_grpc(port: int) -> None:
 def serve_http(port: int, workers: int = 1) -> None:
     """``python -m bench.floor --http PORT [WORKERS]``: the HTTP floor served as the service
     serves (its uvicorn protocol and options, ``service.rest.server.http_options``; with several
-    workers, each on its own ``SO_REUSEPORT`` socket), to tell what the service's own server
-    saves from what its app does. SIGTERM stops every worker."""
+    workers, the service's supervisor and each worker on its own ``SO_REUSEPORT`` socket), to
+    tell what the service's own server saves from what its app does. SIGTERM stops every
+    worker."""
     if workers == 1:
-        _serve_http(port)
+        _serve_http("127.0.0.1", port, workers)
         return
-    import multiprocessing
-    import signal
+    from service.rest.server import supervise
 
-    context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_serve_http, args=(port, True)) for _ in range(workers)]
-
-    def stop(*_: object) -> None:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-
-    signal.signal(signal.SIGTERM, stop)
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
+    supervise("127.0.0.1", port, workers, _serve_http)
 
 
-def _serve_http(port: int, reuse_port: bool = False) -> None:
+def _serve_http(host: str, port: int, workers: int) -> None:
     import uvicorn
 
     from service.rest.server import http_options, reuse_port_socket
     from service.settings import load_settings
 
     options = http_options(load_settings())
-    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning",
-                            **options)  # fmt: skip
-    sockets = [reuse_port_socket("127.0.0.1", port)] if reuse_port else None
+    config = uvicorn.Config(create_app(), host=host, port=port, log_level="warning", **options)
+    sockets = [reuse_port_socket(host, port)] if workers > 1 else None
     uvicorn.Server(config).run(sockets=sockets)
 
 

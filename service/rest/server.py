@@ -40,13 +40,20 @@ def serve(host: str, port: int, workers: int, settings: Settings) -> None:
     if workers == 1:
         server(host, port, settings).run()
         return
+    supervise(host, port, workers, _worker)
+
+
+def supervise(host: str, port: int, workers: int, worker: Callable[[str, int, int], None]) -> None:
+    """Run ``worker(host, port, workers)`` in ``workers`` spawned processes, each serving on
+    its own ``reuse_port_socket(host, port)``, until SIGTERM or SIGINT (forwarded to them as
+    SIGTERM) or until one dies (then the rest are stopped and this exits non-zero)."""
     try:
         claim = reuse_port_socket(host, port)
     except OSError as exc:
         sys.exit(f"cannot bind {host}:{port}: {exc.strerror}")
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_worker, args=(host, port, workers), name=f"worker-{i}")
+        context.Process(target=worker, args=(host, port, workers), name=f"worker-{i}")
         for i in range(workers)
     ]
     stopping = threading.Event()
