@@ -19,6 +19,7 @@ Input and output: float32 of any shape.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,8 @@ from contract.names import EVALUATED_ACTIVATIONS
 from service.compiled import CompiledKernels, unavailable
 from service.formula import Builder, Formula, V
 from service.runtime import SessionFactory, largest_within, median_us
+
+logger = logging.getLogger("gelu_serve")
 
 OPSET = 20
 IR_VERSION = 10  # onnx's default IR is newer than onnxruntime 1.31 accepts
@@ -396,11 +399,14 @@ class ActivationEvaluator:
         self.compiled: CompiledKernels | None = None
         why_not = why_not_compiled(compile, self.providers)
         if why_not is None:
-            self.compiled = CompiledKernels(
-                {(name, d): _builder(ACTIVATIONS[name], d) for name, d, _ in self.functions}
-            )
-            self.accurate = self.compiled.description
-        else:
+            formulas = {(name, d): _builder(ACTIVATIONS[name], d) for name, d, _ in self.functions}
+            try:
+                self.compiled = CompiledKernels(formulas)
+                self.accurate = self.compiled.description
+            except Exception as exc:  # LLVM's own errors: serve, on the graphs, and say why
+                why_not = f"compiling failed: {exc}"
+                logger.warning("activations: %s; the accurate kernel runs as graphs", why_not)
+        if why_not is not None:
             for name, derivative, kernel in self.functions:
                 if kernel == ACCURATE:
                     self._session(sessions, name, derivative, kernel)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,9 +111,6 @@ class _Loop(Formula[Any]):
             return x
         raise ValueError(f"no compiled form of the op {op_type}")
 
-    def _series(self, x: ir.Value, coefficients: Iterable[float]) -> ir.Value:
-        return self.polynomial(x, tuple(coefficients))
-
     def _exp(self, x: ir.Value) -> ir.Value:
         b = self.b
         x = b.select(self._below(x, EXP_LOWEST), self.const(EXP_LOWEST), x)
@@ -121,7 +118,7 @@ class _Loop(Formula[Any]):
         k = self._intrinsic("llvm.rint", self.scale(x, LOG2_E))
         k = b.select(b.fcmp_ordered("ord", k, k), k, self.const(0.0))  # NaN: 2^0, r carries it
         r = self.sub(self.sub(x, self.scale(k, LN2_HI)), self.scale(k, LN2_LO))
-        taylor = self._series(r, (1.0 / math.factorial(n) for n in range(EXP_TERMS)))
+        taylor = self.polynomial(r, tuple(1.0 / math.factorial(n) for n in range(EXP_TERMS)))
         int64 = ir.IntType(64)
         exponent = b.add(b.fptosi(k, int64), ir.Constant(int64, 1023))
         power = b.bitcast(b.shl(exponent, ir.Constant(int64, 52)), self.double)
@@ -133,7 +130,7 @@ class _Loop(Formula[Any]):
         large = self._intrinsic(
             "llvm.copysign", self.div(self.sub(self.const(1.0), e), self.shift(e, 1.0)), u
         )
-        small = self.mul(u, self._series(self.mul(u, u), TANH_SERIES))
+        small = self.mul(u, self.polynomial(self.mul(u, u), TANH_SERIES))
         return self.b.select(self._below(a, TANH_SERIES_BELOW), small, large)
 
 

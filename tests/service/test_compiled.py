@@ -168,6 +168,26 @@ def test_a_formula_with_an_op_it_cannot_compile_is_refused() -> None:
         CompiledKernels({"erf": unknown})
 
 
+def test_a_failed_compile_serves_on_the_graphs(monkeypatch, caplog) -> None:
+    """LLVM failing on some CPU costs speed, not availability: the graphs answer, and the
+    listing and the log say why."""
+    import service.activations
+
+    def failing(formulas: object) -> None:
+        raise RuntimeError("LLVM ERROR: no target for this CPU")
+
+    monkeypatch.setattr(service.activations, "CompiledKernels", failing)
+    evaluator = accuracy.evaluator()
+    assert evaluator.compiled is None
+    assert evaluator.accurate == (
+        "onnxruntime float64 graphs (compiling failed: LLVM ERROR: no target for this CPU)"
+    )
+    assert "the accurate kernel runs as graphs" in caplog.text
+    assert evaluator.evaluate("gelu", np.array([-10.0], np.float32))[0] == np.float32(
+        -7.619853024160526066e-23
+    )
+
+
 def test_the_evaluator_compiles_once_for_every_function() -> None:
     evaluator = accuracy.evaluator()
     assert isinstance(evaluator, ActivationEvaluator) and evaluator.compiled is not None
