@@ -150,6 +150,8 @@ FLOOR_AS_SERVED_TWO = f"{FLOOR_AS_SERVED}, --workers 2"
 FLOOR_AS_SERVED_ONE = f"{FLOOR_AS_SERVED}, --workers 1"  # the 2-worker rows' twin
 TWO_WORKERS = "v1 predict, gelu-serve serve --workers 2"
 ONE_WORKER = "v1 predict, gelu-serve serve --workers 1"  # the 2-worker rows' twin
+TWO_WORKERS_OFF = "v1 predict, batching off, gelu-serve serve --workers 2"
+ONE_WORKER_OFF = "v1 predict, batching off, gelu-serve serve --workers 1"
 ECHO_AS_SERVED = "echo floor, served as the service serves"
 
 
@@ -617,14 +619,20 @@ def run(args: argparse.Namespace) -> Results:
                 )
             point("gelu, JSON", on, activation["json"], 1, results.activations)
     if not args.smoke:  # two processes and wrk, all free to use every core
-        port = _free_port()
-        serve_two = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
+        port, port_off = _free_port(), _free_port()
+        serve_two, serve_two_off = (
+            [sys.executable, "-m", "cli", "serve", "--port", str(p), "--workers", "2"]
+            for p in (port, port_off)
+        )
+        off_env = {**base_env, "GELU_BATCHING": "false"}
         # Each 2-worker server beside a 1-worker twin, pinned as the rest, driven one right
         # after the other in each pass (in the other order every other pass): the ratio of two
         # against one is taken seconds apart, not a quarter of an hour.
         with (
             serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
             server(service, {**base_env, "GELU_BATCHING": "true"}, 1, cpus, ready) as one,
+            serve(serve_two_off, off_env, every_cpu, port_off, ready, settle=1.0) as two_off,
+            server(service, off_env, 1, cpus, ready) as one_off,
             server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
             server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
             server("bench.floor:create_app", {}, 1, cpus, "/docs") as floor_one,
@@ -634,6 +642,8 @@ def run(args: argparse.Namespace) -> Results:
             two = dataclasses.replace(started, batches=True)
             twins = [
                 [(TWO_WORKERS, two, small["v1"], False), (ONE_WORKER, one, small["v1"], True)],
+                [(TWO_WORKERS_OFF, two_off, small["v1"], False),
+                 (ONE_WORKER_OFF, one_off, small["v1"], True)],
                 [("naive app, uvicorn --workers 2", naive_two, small["v1"], False)],
                 [("http floor, uvicorn --workers 2", floor_two, floor_request, False),
                  ("http floor, uvicorn --workers 1", floor_one, floor_request, True)],
@@ -747,6 +757,9 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     two = http(TWO_WORKERS)
     compare(f"v1 at c={top}: 2 workers >= {TARGET_WORKERS_GAIN:g}x 1 worker", two,
             http(ONE_WORKER) or v1, TARGET_WORKERS_GAIN)  # fmt: skip
+    compare(f"v1 at c={top} with batching off: 2 workers against 1 (no target: one worker "
+            "batches all the connections, each of two half of them)", http(TWO_WORKERS_OFF),
+            http(ONE_WORKER_OFF), 0.0)  # fmt: skip
     compare(f"v1 at c={top}, 2 workers each: >= {TARGET_NAIVE_RATIO:g}x the naive app", two,
             http("naive app, uvicorn --workers 2"), TARGET_NAIVE_RATIO)  # fmt: skip
     compare(f"the HTTP floor at c={top}: 2 workers against 1 (no target: what this machine "

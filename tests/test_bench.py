@@ -270,7 +270,7 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
 def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
     """The 2-worker target divides by the 1-worker twin driven beside it; a run without twins
     (before they were measured) by the main 1-worker row."""
-    from bench.run import ONE_WORKER, TWO_WORKERS, Results, targets
+    from bench.run import ONE_WORKER, ONE_WORKER_OFF, TWO_WORKERS, TWO_WORKERS_OFF, Results, targets
 
     def point(scenario: str, rps: float) -> dict:
         return {"scenario": scenario, "concurrency": 64, "rps": rps, "errors": 0}
@@ -282,3 +282,10 @@ def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
     rows.append(point(ONE_WORKER, 125.0))
     measured = {t: (shown, met) for t, shown, met in targets(Results({}, rows), "large")}
     assert measured[target] == ("1.73x (216 / 125 req/s; by round 1.73x)", False)
+    # with batching off, a pair of its own, shown without a target when both were measured
+    assert not any("with batching off" in t for t in measured)
+    rows += [point(TWO_WORKERS_OFF, 182.0), point(ONE_WORKER_OFF, 100.0)]
+    measured = {t: (shown, met) for t, shown, met in targets(Results({}, rows), "large")}
+    (off,) = (t for t in measured if "with batching off: 2 workers against 1" in t)
+    assert "(no target" in off
+    assert measured[off] == ("1.82x (182 / 100 req/s; by round 1.82x)", True)
