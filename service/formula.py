@@ -23,7 +23,7 @@ class Formula(Generic[V]):
     def const(self, value: float) -> V:
         raise NotImplementedError
 
-    # Shorthands so that the formulas below read like the formulas.
+    # Shorthands, so that a formula written with them reads like the formula.
     def add(self, a: V, b: V) -> V:
         return self.op("Add", a, b)
 
