@@ -399,7 +399,11 @@ class ActivationEvaluator:
         self.compiled: CompiledKernels | None = None
         why_not = why_not_compiled(compile, self.providers)
         if why_not is None:
-            formulas = {(name, d): _builder(ACTIVATIONS[name], d) for name, d, _ in self.functions}
+            formulas = {
+                (name, derivative): _builder(ACTIVATIONS[name], derivative)
+                for name, derivative, kernel in self.functions
+                if kernel == ACCURATE
+            }
             try:
                 self.compiled = CompiledKernels(formulas)
                 self.accurate = self.compiled.description
