@@ -23,6 +23,8 @@ from typing import Any
 
 import grpc
 
+from bench.proc import client_command
+
 
 async def drive(address: str, method: str, body: bytes, concurrency: int, seconds: float) -> dict:
     """Calls back to back from ``concurrency`` tasks; latencies and errors."""
@@ -68,16 +70,19 @@ async def drive(address: str, method: str, body: bytes, concurrency: int, second
 def run_grpc(
     address: str, method: str, body: bytes, concurrency: int, seconds: float, cpu: int | None
 ) -> dict[str, Any]:
-    """One point, from a process of its own (pinned to ``cpu``), as ``run_wrk`` reports it."""
+    """One point, from a process of its own (pinned to ``cpu``, scheduled as ``run_wrk``'s),
+    as ``run_wrk`` reports it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "body"
         path.write_bytes(body)
         command = [sys.executable, "-m", "bench.grpc_load", address, method, str(path),
                    str(concurrency), str(seconds)]  # fmt: skip
-        if cpu is not None:
-            command = ["taskset", "-c", str(cpu), *command]
         output = subprocess.run(
-            command, capture_output=True, text=True, timeout=seconds + 60, check=True
+            client_command(command, cpu),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
         ).stdout
     result: dict[str, Any] = json.loads(output)
     return result

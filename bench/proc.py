@@ -1,5 +1,6 @@
 """What a benchmark point really used, read from /proc: the server's threads and their CPUs,
-its CPU time, and the hypervisor's steal.
+its CPU time, how often it was preempted, and the hypervisor's steal; and how the load
+generator is started beside it (``client_command``).
 
 ``taskset`` pins only the threads that exist when it starts the process, and onnxruntime sets
 the affinity of the thread pools it creates later; a server "on one core" can then run on two.
@@ -46,6 +47,22 @@ def threads(pid: int) -> list[int]:
         with contextlib.suppress(OSError):
             tids += [int(t) for t in os.listdir(f"/proc/{process}/task")]
     return tids
+
+
+def client_command(command: list[str], cpu: int | None) -> list[str]:
+    """``command``, a load generator, pinned to ``cpu`` (if given) and scheduled as a batch
+    job (``SCHED_BATCH``): when it wakes, it does not preempt the server it shares a core
+    with, but runs when the server waits or at the scheduler's next tick.
+
+    On a machine that holds the client too, a server free to use every core (the 2-worker
+    rows) shares them with it. Scheduled normally, the client wakes for every few responses
+    and takes the core from a worker mid-request: 0.3-0.5 preemptions per request of a 2-worker
+    service at c=64 here, each costing the worker its caches; as a batch job, about 0.02, and
+    it handles more responses per wake-up. A client on a core of its own (every other row)
+    runs as before: nothing there to preempt."""
+    if cpu is not None:
+        command = ["taskset", "-c", str(cpu), *command]
+    return ["chrt", "--batch", "0", *command]
 
 
 def pin_tree(pid: int, cpus: set[int]) -> int:
@@ -95,6 +112,19 @@ def cpu_seconds(pid: int) -> float:
     return total / TICKS
 
 
+def preemptions(pid: int) -> int:
+    """Involuntary context switches of every thread of ``pid``'s tree so far: the times the
+    scheduler took a core from the server while it still had work."""
+    total = 0
+    for process in process_tree(pid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{process}/task"):
+                with contextlib.suppress(OSError):
+                    status = Path(f"/proc/{process}/task/{tid}/status").read_text()
+                    total += int(status.rsplit("nonvoluntary_ctxt_switches:", 1)[1].split()[0])
+    return total
+
+
 def steal_seconds() -> float:
     """CPU time the hypervisor gave to other guests, machine-wide, so far."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
@@ -103,14 +133,17 @@ def steal_seconds() -> float:
 
 @dataclass
 class Usage:
-    """Cores a server used and cores stolen by the hypervisor over one measurement."""
+    """Cores a server used, the times it was preempted and the cores stolen by the hypervisor
+    over one measurement."""
 
     server_cores: float
     steal_cores: float
+    preemptions: int = 0
 
 
 class UsageMeter:
-    """``start()`` before a run, ``stop()`` after: the server's cores and the steal between."""
+    """``start()`` before a run, ``stop()`` after: the server's cores, its preemptions and the
+    steal between."""
 
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
@@ -118,12 +151,14 @@ class UsageMeter:
     def start(self) -> None:
         self._wall = time.monotonic()
         self._cpu = cpu_seconds(self.pid) if self.pid else 0.0
+        self._preempted = preemptions(self.pid) if self.pid else 0
         self._steal = steal_seconds()
 
     def stop(self) -> Usage:
         elapsed = time.monotonic() - self._wall
         cpu = cpu_seconds(self.pid) - self._cpu if self.pid else 0.0
-        return Usage(cpu / elapsed, (steal_seconds() - self._steal) / elapsed)
+        preempted = preemptions(self.pid) - self._preempted if self.pid else 0
+        return Usage(cpu / elapsed, (steal_seconds() - self._steal) / elapsed, preempted)
 
 
 def _stopped(pid: int) -> bool:

@@ -281,6 +281,7 @@ def measure(
             server_threads=threads,
             attempts=attempt,
             cpu_us_per_request=usage.server_cores / row["rps"] * 1e6 if row["rps"] else 0.0,
+            preempted_per_request=usage.preemptions / row["requests"] if row["requests"] else 0.0,
         )
         if not best or usage.steal_cores < best["steal_cores"]:
             best = row
@@ -545,7 +546,8 @@ def run(args: argparse.Namespace) -> Results:
         print(
             f"{name:42s} c={c:<3d} {row['rps']:7.0f} req/s  p50 {row['p50_ms']:6.2f} ms  "
             f"p99 {row['p99_ms']:6.2f} ms  errors {row['errors']}  server {row['server_cores']:.2f}"
-            f" cores  steal {row['steal_cores']:.2f}",
+            f" cores  preempted {row['preempted_per_request']:.3f}/request  "
+            f"steal {row['steal_cores']:.2f}",
             flush=True,
         )
 
@@ -858,7 +860,9 @@ def write_report(results: Results, out: Path) -> None:
         f"{env['server_cpus']} (checked before each point); wrk (1 thread) on CPU "
         f"{env['client_cpu']}; {env['seconds_per_run']} s per point; every other server of the "
         "run stopped (SIGSTOP, its whole process tree) while one is measured. The 2-worker "
-        "rows: the server's two processes and wrk all free to use both cores",
+        "rows: the server's two processes and wrk all free to use both cores. Every client "
+        "runs as a batch job (`SCHED_BATCH`, `bench.proc.client_command`): sharing a core, it "
+        "waits for the server's turn to end instead of preempting it",
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen)",
@@ -887,18 +891,21 @@ def write_report(results: Results, out: Path) -> None:
         "so the server sets the pace.",
         "",
         "`mean batch`: the samples per onnxruntime run of the service's model over the point "
-        "(from its `gelu_batch_size` metric), in the round reported; blank for other servers.",
+        "(from its `gelu_batch_size` metric), in the round reported; blank for other servers. "
+        "`preempted`: the times per request the scheduler took a core from one of the server's "
+        "threads while it had work (involuntary context switches, from /proc).",
         "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | mean batch | steal | attempts | rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "CPU µs per request | mean batch | preempted | steal | attempts | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
         mean_batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else ""
         lines.append(
             f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
-            f"{r['cpu_us_per_request']:.0f} | {mean_batch} | {r['steal_cores']:.2f} | "
+            f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
+            f"{r.get('preempted_per_request', 0.0):.3f} | {r['steal_cores']:.2f} | "
             f"{r['attempts']} | {rounds(r)} |"
         )
     lines += [

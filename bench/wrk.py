@@ -1,5 +1,5 @@
-"""Drive one endpoint with wrk (a C load generator, pinned to its own core) and read its
-figures back as JSON from a Lua ``done`` hook."""
+"""Drive one endpoint with wrk (a C load generator, pinned to its own core, as a batch job:
+``bench.proc.client_command``) and read its figures back as JSON from a Lua ``done`` hook."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.proc import client_command
 
 _SCRIPT = """
 wrk.method = "POST"
@@ -61,10 +63,12 @@ def run_wrk(
             str(script),
             base_url + request.path,
         ]
-        if cpu is not None:
-            command = ["taskset", "-c", str(cpu), *command]
         output = subprocess.run(
-            command, capture_output=True, text=True, timeout=seconds + 60, check=True
+            client_command(command, cpu),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
         ).stdout
     line = next(x for x in output.splitlines() if x.startswith("WRKJSON "))
     raw = json.loads(line.removeprefix("WRKJSON "))

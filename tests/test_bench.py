@@ -58,6 +58,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         # every thread of the one-core servers was pinned and checked; CPU and steal recorded
         assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
         assert row["steal_cores"] >= 0 and 1 <= row["attempts"] <= 3
+        assert row["preempted_per_request"] >= 0, row
         # one row per point, from two rounds: the lower of the two (the median of an even count)
         assert len(row["rounds_rps"]) == 2 and row["rps"] == min(row["rounds_rps"]), row
     points = [(r["scenario"], r["concurrency"]) for r in report["http"] + report["activations"]]
@@ -79,7 +80,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert "c=4 against the echo served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
-    assert "| mean batch |" in markdown
+    assert "| mean batch | preempted |" in markdown
     assert "one call on 10,000 values of gelu" in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -189,6 +190,40 @@ def test_paused_stops_a_process_tree_and_continues_it() -> None:
         for pid in reversed(process_tree(parent.pid)):
             os.kill(pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_a_client_runs_pinned_as_a_batch_job() -> None:
+    """The load generator's command, run: scheduled as SCHED_BATCH, on the CPU it is given."""
+    from bench.proc import client_command
+
+    report = "import os; print(os.sched_getscheduler(0), sorted(os.sched_getaffinity(0)))"
+    for cpu, cpus in ((0, [0]), (None, sorted(os.sched_getaffinity(0)))):
+        command = client_command([sys.executable, "-c", report], cpu)
+        shown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        assert shown.split(" ", 1) == [str(os.SCHED_BATCH), f"{cpus}\n"], command
+
+
+def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
+    """Two processes spinning on one CPU take it from each other; an idle one is never
+    preempted, so its count stays put."""
+    from bench.proc import preemptions
+
+    spin = "import time; t = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.2)  # past start-up
+        idle_before = preemptions(idle.pid)
+        spinners = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin])
+                    for _ in range(2)]  # fmt: skip
+        time.sleep(0.3)  # both spinning
+        during = [preemptions(p.pid) for p in spinners]
+        for p in spinners:
+            assert p.wait(timeout=30) == 0
+        assert sum(during) > 0, during
+        assert preemptions(idle.pid) == idle_before
+    finally:
+        idle.kill()
+        idle.wait()
 
 
 def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
