@@ -112,17 +112,23 @@ def cpu_seconds(pid: int) -> float:
     return total / TICKS
 
 
-def preemptions(pid: int) -> int:
-    """Involuntary context switches of every thread of ``pid``'s tree so far: the times the
-    scheduler took a core from the server while it still had work."""
-    total = 0
-    for process in process_tree(pid):
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{process}/task"):
-                with contextlib.suppress(OSError):
-                    status = Path(f"/proc/{process}/task/{tid}/status").read_text()
-                    total += int(status.rsplit("nonvoluntary_ctxt_switches:", 1)[1].split()[0])
-    return total
+def preemptions(pid: int) -> dict[int, int]:
+    """Involuntary context switches of each thread of ``pid``'s tree so far, by thread id: the
+    times the scheduler took a core from the server while it still had work."""
+    counts = {}
+    for tid in threads(pid):
+        with contextlib.suppress(OSError, StopIteration):  # the thread ended meanwhile
+            status = Path(f"/proc/{tid}/status").read_text().splitlines()
+            line = next(x for x in status if x.startswith("nonvoluntary_ctxt_switches:"))
+            counts[tid] = int(line.split()[1])
+    return counts
+
+
+def preempted_since(before: dict[int, int], pid: int) -> int:
+    """Preemptions of ``pid``'s tree since ``before`` (``preemptions``), thread by thread: a
+    thread that ended meanwhile takes its count with it, a thread started meanwhile counts
+    from zero."""
+    return sum(count - before.get(tid, 0) for tid, count in preemptions(pid).items())
 
 
 def steal_seconds() -> float:
@@ -151,13 +157,13 @@ class UsageMeter:
     def start(self) -> None:
         self._wall = time.monotonic()
         self._cpu = cpu_seconds(self.pid) if self.pid else 0.0
-        self._preempted = preemptions(self.pid) if self.pid else 0
+        self._preempted = preemptions(self.pid) if self.pid else {}
         self._steal = steal_seconds()
 
     def stop(self) -> Usage:
         elapsed = time.monotonic() - self._wall
         cpu = cpu_seconds(self.pid) - self._cpu if self.pid else 0.0
-        preempted = preemptions(self.pid) - self._preempted if self.pid else 0
+        preempted = preempted_since(self._preempted, self.pid) if self.pid else 0
         return Usage(cpu / elapsed, (steal_seconds() - self._steal) / elapsed, preempted)
 
 

@@ -206,7 +206,7 @@ def test_a_client_runs_pinned_as_a_batch_job() -> None:
 def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
     """Two processes spinning on one CPU take it from each other; an idle one is never
     preempted, so its count stays put."""
-    from bench.proc import preemptions
+    from bench.proc import preempted_since, preemptions
 
     spin = "import time; t = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
@@ -216,11 +216,13 @@ def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
         spinners = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin])
                     for _ in range(2)]  # fmt: skip
         time.sleep(0.3)  # both spinning
-        during = [preemptions(p.pid) for p in spinners]
+        during = [preempted_since({}, p.pid) for p in spinners]
         for p in spinners:
             assert p.wait(timeout=30) == 0
         assert sum(during) > 0, during
-        assert preemptions(idle.pid) == idle_before
+        assert preempted_since(idle_before, idle.pid) == 0
+        # a thread that ended takes its count with it: never a negative count
+        assert preempted_since({**idle_before, -1: 10**6}, idle.pid) == 0
     finally:
         idle.kill()
         idle.wait()
