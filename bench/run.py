@@ -862,7 +862,9 @@ def write_report(results: Results, out: Path) -> None:
         "run stopped (SIGSTOP, its whole process tree) while one is measured. The 2-worker "
         "rows: the server's two processes and wrk all free to use both cores. Every client "
         "runs as a batch job (`SCHED_BATCH`, `bench.proc.client_command`): sharing a core, it "
-        "waits for the server's turn to end instead of preempting it",
+        "waits for the server's turn to end instead of preempting it. Stock uvicorn's workers "
+        "(the naive app's and the plain floor's 2-worker rows) share one listening socket, and "
+        "one of them can accept most of the connections: such a point shows near 1 server core",
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen)",
