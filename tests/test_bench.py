@@ -209,9 +209,10 @@ def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
     from bench.proc import preempted_since, preemptions
 
     spin = "import time; t = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    asleep = "import time; print('asleep', flush=True); time.sleep(5)"
+    idle = subprocess.Popen([sys.executable, "-c", asleep], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.2)  # past start-up
+        assert idle.stdout is not None and idle.stdout.readline() == "asleep\n"  # past start-up
         idle_before = preemptions(idle.pid)
         spinners = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin])
                     for _ in range(2)]  # fmt: skip
