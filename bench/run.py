@@ -907,7 +907,7 @@ def write_report(results: Results, out: Path) -> None:
             f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
             f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
-            f"{r.get('preempted_per_request', 0.0):.3f} | {r['steal_cores']:.2f} | "
+            f"{r['preempted_per_request']:.3f} | {r['steal_cores']:.2f} | "
             f"{r['attempts']} | {rounds(r)} |"
         )
     lines += [
