@@ -43,8 +43,8 @@ Outputs = dict[str, np.ndarray]
 # Inline, after n batches of one request in a row, a request yields the loop to look for company
 # only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then pays the
 # loop iteration, about 14 µs in process (a syscall, and caches colder after it), on 1 request
-# in 64, and a load that grows is batched again within 64 requests.
-PROBE_GAP = 64
+# in 256, and a load that grows is batched again within 256 requests.
+PROBE_GAP = 256
 
 
 def probes(alone: int) -> bool:
@@ -52,6 +52,15 @@ def probes(alone: int) -> bool:
     ``alone`` batches of one request in a row: always after a batch that found some (0); then
     after 1, 2, 4, ... PROBE_GAP, 2 PROBE_GAP, ... of them."""
     return alone & (alone - 1) == 0 or alone % PROBE_GAP == 0
+
+
+def next_probe(alone: int) -> int:
+    """The first n >= ``alone`` for which ``probes(n)``."""
+    if alone <= 1:
+        return alone
+    power = 1 << (alone - 1).bit_length()
+    gap = -(-alone // PROBE_GAP) * PROBE_GAP
+    return min(power, gap)
 
 
 class Deadline:
@@ -165,7 +174,11 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
-        self._alone = 0  # inline: batches of one request in a row
+        # Inline: batches of one request in a row, counted up to the next probe in advance;
+        # _free of them are still to come, each a request that may run alone without looking
+        # for company (see _ran). Counting down costs a lone request less than asking probes.
+        self._alone = 0
+        self._free = 0
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
         self._wakeup = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
@@ -206,10 +219,10 @@ class Batcher:
         so, it counts here as a batch of one, and the caller runs it as batching off would
         (``Runs.record_alone``): a lone client's request is spared the coroutine ``infer`` is,
         and, having no queue, is not in the queue-time histogram. Else it goes to ``infer``."""
-        if not self.inline or self._pending or self._gathering or probes(self._alone):
-            return False
-        self._alone += 1
-        return True
+        if self._free and not self._pending and not self._gathering:  # _free: inline only
+            self._free -= 1
+            return True
+        return False
 
     async def infer(
         self,
@@ -224,7 +237,7 @@ class Batcher:
         size = len(next(iter(inputs.values())))
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
-            if probes(self._alone) and await self._company():
+            if not self._free and await self._company():
                 request = _Request(inputs, size, loop.create_future(), arrived, deadline)
                 self._pending.appendleft(request)  # first, as it came first
                 self._queued += size
@@ -246,7 +259,7 @@ class Batcher:
         elif self._queued >= self.max_batch_size:
             self._run_inline()  # full: run now, in this request's turn
         elif not self._gathering:
-            if probes(self._alone):
+            if not self._free:
                 await self._lead()
             else:  # no company lately: do not wait a loop iteration for none
                 self._run_inline()
@@ -282,7 +295,7 @@ class Batcher:
     def _run_alone(self, inputs: dict[str, np.ndarray], size: int, arrived: float) -> Outputs:
         """A batch of this one request, now, without queueing it; it has waited for company
         since ``arrived`` (``time.perf_counter``)."""
-        self._alone += 1
+        self._ran(1)
         waited = time.perf_counter() - arrived
         self._queue_time.observe(waited)
         results, _, infer_ns = timed_infer(self.model, inputs)
@@ -293,7 +306,7 @@ class Batcher:
         """One batch, on the loop; the rest of the queue waits for the next loop iteration."""
         batch = self._take([])
         if batch:
-            self._alone = self._alone + 1 if len(batch) == 1 else 0
+            self._ran(len(batch))
             start = time.perf_counter_ns()
             feed = self._feed(batch)
             try:
@@ -304,6 +317,17 @@ class Batcher:
                 self._split_and_record(batch, results, began - start, took)
         if self._pending and self._scheduled is None and self._loop is not None:
             self._scheduled = self._loop.call_soon(self._run_scheduled)
+
+    def _ran(self, requests: int) -> None:
+        """Count a batch of ``requests`` run inline. After one with company the next request
+        looks for company again; after n batches of one in a row, the requests until n reaches
+        the next probe (``next_probe``) may run alone without looking (``runs_alone``)."""
+        if requests > 1:
+            self._alone = self._free = 0
+            return
+        alone = self._alone - self._free + 1  # the passes not taken do not count
+        self._alone = next_probe(alone)
+        self._free = self._alone - alone
 
     def _run_scheduled(self) -> None:
         self._scheduled = None

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_GAP, Batcher, Runs, probes
+from service.batching import PROBE_GAP, Batcher, Runs, next_probe, probes
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
@@ -176,15 +176,41 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
 
 def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
     """After batches of one in a row, the gaps between requests that yield the loop double up
-    to PROBE_GAP: every request looks after a batch that had company, a lone client's 1,000
-    requests look 22 times."""
+    to PROBE_GAP: every request looks after a batch that had company; of a lone client's
+    requests, those after 0, 1, 2, 4, ... PROBE_GAP / 2 batches of one look, then one in
+    PROBE_GAP."""
     assert [n for n in range(20) if probes(n)] == [0, 1, 2, 4, 8, 16]
     assert [n for n in range(PROBE_GAP, 4 * PROBE_GAP) if probes(n)] == [
         PROBE_GAP,
         2 * PROBE_GAP,
         3 * PROBE_GAP,
     ]
-    assert sum(map(probes, range(1000))) == 7 + 999 // PROBE_GAP
+    assert sum(map(probes, range(1000))) == PROBE_GAP.bit_length() + 999 // PROBE_GAP
+    upcoming = [next(k for k in itertools.count(n) if probes(k)) for n in range(4 * PROBE_GAP)]
+    assert list(map(next_probe, range(4 * PROBE_GAP))) == upcoming
+
+
+def test_a_lone_client_probes_when_probes_says(model, monkeypatch) -> None:
+    """Driven as the data plane drives it (``runs_alone``, else ``infer``), a lone client's
+    requests look for company after exactly the counts ``probes`` names; a burst that comes
+    when one is due runs as one batch, and the next request looks again."""
+    recorder = Recorder(model, monkeypatch)
+    looked: list[int] = []
+
+    async def scenario():
+        batcher = started(model, 64, 0, inline=True)
+        for n in range(3 * PROBE_GAP):
+            if not batcher.runs_alone():
+                looked.append(n)
+                await batcher.infer({"input": DIGITS[:1]})
+        await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(4)))
+        after_burst = batcher.runs_alone()
+        await batcher.stop()
+        return after_burst
+
+    assert run(scenario()) is False
+    assert looked == [n for n in range(3 * PROBE_GAP) if probes(n)]
+    assert recorder.sizes == [1] * len(looked) + [4]  # the caller runs the rest itself
 
 
 def test_readme_quotes_the_probe_gap() -> None:
