@@ -13,7 +13,7 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
   queue delay), then runs the batch: it holds every request parsed in between, which under
   load is most of the connections with data ready. When batches have held one request in a
-  row, the requests that yield grow sparser (``probes``), so a lone client does not wait for
+  row, the requests that yield grow sparser (``next_probe``), so a lone client does not wait for
   company that never comes. Handing a 10-40 µs run to a thread and waking the loop again costs more
   than the run itself; one inline run blocks the loop for at most the bound, and after each
   batch the loop serves I/O before the next.
@@ -47,15 +47,10 @@ Outputs = dict[str, np.ndarray]
 PROBE_GAP = 256
 
 
-def probes(alone: int) -> bool:
-    """Whether the first request of a batch yields the loop to look for company, after
-    ``alone`` batches of one request in a row: always after a batch that found some (0); then
-    after 1, 2, 4, ... PROBE_GAP, 2 PROBE_GAP, ... of them."""
-    return alone & (alone - 1) == 0 or alone % PROBE_GAP == 0
-
-
 def next_probe(alone: int) -> int:
-    """The first n >= ``alone`` for which ``probes(n)``."""
+    """When a request next yields the loop to look for company, after ``alone`` batches of one
+    request in a row: the first n >= ``alone`` that is 0 (after a batch that found some), a
+    power of two, or a multiple of PROBE_GAP."""
     if alone <= 1:
         return alone
     power = 1 << (alone - 1).bit_length()
@@ -176,7 +171,7 @@ class Batcher:
         self._gathering = False  # inline: a request is leading a batch
         # Inline: batches of one request in a row, counted up to the next probe in advance;
         # _free of them are still to come, each a request that may run alone without looking
-        # for company (see _ran). Counting down costs a lone request less than asking probes.
+        # for company (see _ran). Counting down costs a lone request less than a schedule's test.
         self._alone = 0
         self._free = 0
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
@@ -215,7 +210,7 @@ class Batcher:
 
     def runs_alone(self) -> bool:
         """Whether the next request is to run at once, unbatched, because no batch can gather
-        now: inline, nothing queued or gathering, and no company found lately (``probes``). If
+        now: inline, nothing queued or gathering, and no company found lately (``next_probe``). If
         so, it counts here as a batch of one, and the caller runs it as batching off would
         (``Runs.record_alone``): a lone client's request is spared the coroutine ``infer`` is,
         and, having no queue, is not in the queue-time histogram. Else it goes to ``infer``."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_GAP, Batcher, Runs, next_probe, probes
+from service.batching import PROBE_GAP, Batcher, Runs, next_probe
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
@@ -174,6 +174,12 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     assert recorder.sizes[-2:] == [8, 8]  # the bursts are one run each again
 
 
+def probes(alone: int) -> bool:
+    """The schedule ``next_probe`` counts to: whether a request looks for company after
+    ``alone`` batches of one in a row."""
+    return alone & (alone - 1) == 0 or alone % PROBE_GAP == 0
+
+
 def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
     """After batches of one in a row, the gaps between requests that yield the loop double up
     to PROBE_GAP: every request looks after a batch that had company; of a lone client's
@@ -186,6 +192,8 @@ def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
         3 * PROBE_GAP,
     ]
     assert sum(map(probes, range(1000))) == PROBE_GAP.bit_length() + 999 // PROBE_GAP
+    assert [next_probe(n) for n in range(10)] == [0, 1, 2, 4, 4, 8, 8, 8, 8, 16]
+    assert next_probe(PROBE_GAP + 1) == next_probe(2 * PROBE_GAP) == 2 * PROBE_GAP
     upcoming = [next(k for k in itertools.count(n) if probes(k)) for n in range(4 * PROBE_GAP)]
     assert list(map(next_probe, range(4 * PROBE_GAP))) == upcoming
 
