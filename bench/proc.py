@@ -1,6 +1,6 @@
 """What a benchmark point really used, read from /proc: the server's threads and their CPUs,
-its CPU time, how often it was preempted, and the hypervisor's steal; and how the load
-generator is started beside it (``client_command``).
+its CPU time, how often it was preempted, and the hypervisor's steal; which CPU the machine
+has (``cpu_model``); and how the load generator is started beside it (``client_command``).
 
 ``taskset`` pins only the threads that exist when it starts the process, and onnxruntime sets
 the affinity of the thread pools it creates later; a server "on one core" can then run on two.
@@ -19,6 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU as ``/proc/cpuinfo`` names it, with its family and model numbers: a hypervisor
+    may show only the vendor's line ("AMD EPYC"), and the numbers tell its generations apart,
+    whose speeds differ by more than a run's noise (family 25 model 1 is Zen 3, model 17 Zen 4);
+    and LLVM's name for it (znver3, ...) where llvmlite is installed."""
+    if cpuinfo is None:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    try:
+        import llvmlite.binding as llvm
+    except ImportError:
+        return name
+    return f"{name}, {llvm.get_host_cpu_name()}"
 
 
 def cpu_list(spec: str) -> set[int]:

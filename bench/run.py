@@ -39,7 +39,7 @@ import numpy as np
 from bench import instructions
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
-from bench.proc import UsageMeter, check_pinned, cpu_list, paused, pin_tree
+from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
 from contract.readme import replace_block
@@ -406,7 +406,8 @@ def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores of {cpu_model()}, "
+        f"{platform.platform()}",
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,
         "fastapi": fastapi.__version__,

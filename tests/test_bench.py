@@ -36,6 +36,9 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         at = driven_pass.index(f"v1 predict, batching {first}")
         assert driven_pass[at + 1] == f"v1 predict, batching {then}", driven
     report = json.loads((tmp_path / "benchmarks.json").read_text())
+    from bench.proc import cpu_model
+
+    assert f"cores of {cpu_model()}, " in report["environment"]["machine"]
     scenarios = {row["scenario"] for row in report["http"]}
     assert {"http floor", "http floor, served as the service serves", "naive app",
             "v1 predict, batching on", "v2-binary predict, batching on",
@@ -201,6 +204,19 @@ def test_a_client_runs_pinned_as_a_batch_job() -> None:
         command = client_command([sys.executable, "-c", report], cpu)
         shown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         assert shown.split(" ", 1) == [str(os.SCHED_BATCH), f"{cpus}\n"], command
+
+
+def test_the_cpu_is_named_with_its_family_and_model() -> None:
+    """A hypervisor's masked "AMD EPYC" still tells Zen 3 from Zen 4 by its numbers; this
+    machine's own CPU is named the same way."""
+    from bench.proc import cpu_model
+
+    masked = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+    assert cpu_model(masked).startswith("AMD EPYC (family 25, model 1)")
+    assert cpu_model(masked + "processor\t: 1\nmodel\t\t: 17\n").startswith(
+        "AMD EPYC (family 25, model 1)"
+    )  # the first processor's
+    assert cpu_model("").startswith("unknown CPU")
 
 
 def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
