@@ -663,8 +663,8 @@ def run(args: argparse.Namespace) -> Results:
     results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)
     results.breakdown = breakdown(repository, args.seconds)
     results.kernels = activation_kernels(args.activation_values)
-    if not args.smoke:  # a minute and a half under valgrind, when it is installed
-        results.instructions = instructions.count(repository) or {}
+    if not args.smoke:  # minutes under valgrind, when it is installed
+        results.instructions = instructions.count(repository, sample_inputs(64)) or {}
     results.environment["large_model"] = large
     return results
 
