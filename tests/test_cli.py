@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,28 +83,28 @@ def _one_error_line(result: subprocess.CompletedProcess[str], needle: str) -> No
 @pytest.mark.slow
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     out = str(tmp_path / "x.pt")
-    _one_error_line(gelu_serve("train", "--activation", "swish", "--out", out),
-                    "unknown activation 'swish'")  # fmt: skip
-    _one_error_line(gelu_serve("train", "--arch", "rnn", "--out", out),
-                    "unknown architecture 'rnn'")  # fmt: skip
-    _one_error_line(
-        gelu_serve("train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "no"),
-                   "--out", out),
-        "does not exist",
-    )  # fmt: skip
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"garbage")
-    _one_error_line(gelu_serve("export", str(corrupt), "--name", "m", "--repository",
-                               str(tmp_path / "repo")), "not a readable checkpoint")  # fmt: skip
-    _one_error_line(
-        gelu_serve("train", "--out", str(checkpoints["mlp"])), "exists; pass --overwrite"
-    )
     repo = tmp_path / "repo2"
-    assert gelu_serve("export", str(checkpoints["mlp"]), "--name", "m", "--repository", str(repo),
-                      "--version", "1").returncode == 0  # fmt: skip
-    _one_error_line(gelu_serve("export", str(checkpoints["mlp"]), "--name", "m", "--repository",
-                               str(repo), "--version", "1"), "exists")  # fmt: skip
+    export = ("export", str(checkpoints["mlp"]), "--name", "m", "--repository", str(repo),
+              "--version", "1")  # fmt: skip
+    # independent commands, each seconds of imports: run at once
+    with ThreadPoolExecutor(8) as pool:
+        exported = pool.submit(gelu_serve, *export)
+        refused = [(pool.submit(gelu_serve, *args), needle) for args, needle in [
+            (("train", "--activation", "swish", "--out", out), "unknown activation 'swish'"),
+            (("train", "--arch", "rnn", "--out", out), "unknown architecture 'rnn'"),
+            (("train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "no"),
+              "--out", out), "does not exist"),
+            (("export", str(corrupt), "--name", "m", "--repository", str(tmp_path / "repo")),
+             "not a readable checkpoint"),
+            (("train", "--out", str(checkpoints["mlp"])), "exists; pass --overwrite"),
+            (("paper", "--activations", "gelu,swish", "--out", str(tmp_path)),
+             "unknown activation 'swish'"),
+            (("paper", "--epochs", "0", "--out", str(tmp_path)), "at least 1"),
+        ]]  # fmt: skip
+        for result, needle in refused:
+            _one_error_line(result.result(), needle)
+        assert exported.result().returncode == 0
+    _one_error_line(gelu_serve(*export), "exists")
     assert not (tmp_path / "x.pt").exists()
-    _one_error_line(gelu_serve("paper", "--activations", "gelu,swish", "--out", str(tmp_path)),
-                    "unknown activation 'swish'")  # fmt: skip
-    _one_error_line(gelu_serve("paper", "--epochs", "0", "--out", str(tmp_path)), "at least 1")
