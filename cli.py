@@ -1,8 +1,8 @@
 """gelu-serve's command line: ``gelu-serve {train,export,models,paper,serve,bench} --help``.
 
-Options are declared in torch-free modules and each subcommand's implementation is imported
-only when it runs, so ``serve`` works in a serving-only install (no torch) and ``--help`` never
-imports torch.
+Options are declared in light modules (no torch, onnx or web stack) and each subcommand's
+implementation is imported only when it runs, so ``serve`` works in a serving-only install (no
+torch), and ``--help`` and a mistaken option are answered at once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,14 @@ class Subcommand:
     help: str
     arguments: str  # "module:function" adding the options to a parser; no heavy imports
     handler: str  # "module:function" taking the parsed arguments
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing in one line as the subcommands do (argparse's own refusals
+    print the usage first): ``gelu-serve train: error: argument --arch: invalid choice: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _resolve(target: str) -> Callable[..., object]:
@@ -85,7 +94,7 @@ SUBCOMMANDS = {
     "serve": Subcommand("serve the model repository over HTTP", "cli:serve_arguments", "cli:serve"),
     "bench": Subcommand(
         "benchmark the inference path against the HTTP and compute floors",
-        "bench.run:add_arguments",
+        "bench.arguments:add_arguments",
         "bench.run:report",
     ),
 }
@@ -94,7 +103,7 @@ SUBCOMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     """Parse the subcommand and run it; a user's mistake exits 2 with one line on stderr."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="gelu-serve", description=__doc__)
+    parser = Parser(prog="gelu-serve", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, command in SUBCOMMANDS.items():
         _resolve(command.arguments)(

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bench import instructions
+from bench.arguments import ACTIVATION_VALUES, ROOT, add_arguments
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
@@ -44,8 +45,6 @@ from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
 from contract.readme import replace_block
 
-ROOT = Path(__file__).resolve().parents[1]
-ACTIVATION_VALUES = 1_000_000
 SMALL = "digits-mlp"
 
 # Issue 10's targets, as ratios within one run.
@@ -1023,39 +1022,6 @@ def plot(results: Results, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``bench`` subcommand's options."""
-    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run (5)")
-    parser.add_argument("--concurrency", default="1,16,64", help="wrk connections (1,16,64)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="passes over every point; each point reports its median round (3)",
-    )
-    parser.add_argument("--server-cpus", default="0", help="taskset CPU list of servers (0)")
-    parser.add_argument("--client-cpu", type=int, default=1, help="CPU of wrk and client (1)")
-    parser.add_argument("--repository", default="model_repository", help="model repository")
-    parser.add_argument(
-        "--activation-values",
-        type=int,
-        default=ACTIVATION_VALUES,
-        help="values per activation request (1e6)",
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="report directory (docs)")
-    parser.add_argument(
-        "--peers",
-        action="store_true",
-        help="also MLServer and BentoML, each installed once into .bench-peers/ (`make "
-        "bench-peers`)",
-    )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a few seconds: no larger model and no 2-worker runs, for the tests",
-    )
 
 
 def report(args: argparse.Namespace) -> None:

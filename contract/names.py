@@ -1,4 +1,4 @@
-"""The names every part agrees on: files, tensors, tasks and activations."""
+"""The names every part agrees on: files, tensors, tasks, architectures and activations."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ PROBABILITIES_OUTPUT = "probabilities"  # softmax of the logits
 RECONSTRUCTION_OUTPUT = "reconstruction"
 CLASSIFICATION = "classification"
 RECONSTRUCTION = "reconstruction"
+# Every architecture a network can have (models/networks.py builds each; the ONNX metadata and the
+# service's model descriptions name it).
+ARCHITECTURES = ("mlp", "autoencoder", "cnn")
 OUTPUTS = {
     CLASSIFICATION: (LOGITS_OUTPUT, PROBABILITIES_OUTPUT),
     RECONSTRUCTION: (RECONSTRUCTION_OUTPUT,),

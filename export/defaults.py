@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from contract.names import MODEL_FILENAME
 from export.repository import existing_versions
 
@@ -115,6 +113,8 @@ def describe(metadata: dict[str, str]) -> tuple[str, str]:
 
 def table(repository: Path, models: tuple[DefaultModel, ...] = DEFAULT_MODELS) -> str:
     """The markdown table of ``models`` as the repository holds them (latest versions)."""
+    import onnx  # not at the top: every gelu-serve command imports this module for its options
+
     rows = [
         TABLE_BEGIN,
         "| model | network | activation | data | validation (20% held out) |",

@@ -1,20 +1,50 @@
-"""The ``train`` subcommand's options, kept free of torch so that ``--help`` is instant."""
+"""The ``train`` subcommand's options, kept free of torch so that ``--help`` is instant and a
+mistaken option is refused at once, before torch is imported; the option types ``paper`` shares."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from contract.names import ACTIVATIONS, ARCHITECTURES
+
 DEFAULT_HIDDEN = {"mlp": (128,) * 8, "autoencoder": (128, 64, 16), "cnn": (16, 32)}
+
+
+def positive_int(text: str) -> int:
+    """An option's whole number of at least 1 (epochs, seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def activation_list(text: str) -> tuple[str, ...]:
+    """Comma-separated activation names, each one the contract knows."""
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in chosen:
+        if name not in ACTIVATIONS:
+            raise argparse.ArgumentTypeError(
+                f"unknown activation {name!r}; choose one of: {', '.join(ACTIVATIONS)}"
+            )
+    if not chosen:
+        raise argparse.ArgumentTypeError("name at least one activation")
+    return chosen
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``train`` subcommand's options."""
-    parser.add_argument("--arch", default="mlp", help="mlp, autoencoder or cnn (default: mlp)")
+    parser.add_argument(
+        "--arch", default="mlp", choices=ARCHITECTURES, help="the network (default: %(default)s)"
+    )
     parser.add_argument(
         "--activation",
         default="gelu",
-        help="gelu, gelu_tanh, gelu_sigmoid, gelu_stochastic, silu, relu or elu (default: gelu)",
+        choices=ACTIVATIONS,
+        help="the hidden layers' activation (default: %(default)s)",
     )
     parser.add_argument(
         "--hidden",
@@ -26,8 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset", default="digits", help="digits (bundled), fashion-mnist or mnist"
     )
     parser.add_argument("--data-dir", default=None, help="directory of IDX files (mnist-like)")
-    parser.add_argument("--epochs", type=int, default=40, help="training epochs (default: 40)")
-    parser.add_argument("--batch-size", type=int, default=32, help="minibatch size (default: 32)")
+    parser.add_argument(
+        "--epochs", type=positive_int, default=40, help="training epochs (default: 40)"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="minibatch size (default: 32)"
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     parser.add_argument(
         "--label-smoothing", type=float, default=0.1, help="classifier label smoothing (0.1)"

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from contract.names import CLASSIFICATION, RECONSTRUCTION
+from contract.names import ARCHITECTURES, CLASSIFICATION, RECONSTRUCTION
 from models.activations import make_activation
 
-ARCHITECTURES = ("mlp", "autoencoder", "cnn")
 TASKS = {"mlp": CLASSIFICATION, "cnn": CLASSIFICATION, "autoencoder": RECONSTRUCTION}
 
 

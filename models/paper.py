@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from contract.readme import replace_block
+from models.arguments import activation_list, positive_int
 
 PAPER_ACTIVATIONS = ("gelu", "relu", "elu")
 VALIDATION = 10_000  # held out of the training images for the learning-rate choice
@@ -358,12 +359,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-dir", default=None, help="IDX files (required for mnist)")
     parser.add_argument("--full", action="store_true", help="the paper's 50 epochs and 5 seeds")
-    parser.add_argument("--epochs", type=int, help="classifier epochs (overrides the budget)")
-    parser.add_argument("--seeds", type=int, help="classifier seeds (overrides the budget)")
-    parser.add_argument("--autoencoder-epochs", type=int, help="autoencoder epochs")
-    parser.add_argument("--lr-epochs", type=int, help="epochs per learning-rate trial")
+    parser.add_argument(
+        "--epochs", type=positive_int, help="classifier epochs (overrides the budget)"
+    )
+    parser.add_argument(
+        "--seeds", type=positive_int, help="classifier seeds (overrides the budget)"
+    )
+    parser.add_argument("--autoencoder-epochs", type=positive_int, help="autoencoder epochs")
+    parser.add_argument("--lr-epochs", type=positive_int, help="epochs per learning-rate trial")
     parser.add_argument(
         "--activations",
+        type=activation_list,
         default=",".join(PAPER_ACTIVATIONS),
         help="comma-separated (default: gelu,relu,elu; also silu, gelu_tanh, gelu_sigmoid)",
     )
@@ -371,8 +377,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Path:
-    from models.activations import make_activation
-
     budget = FULL if args.full else Budget()
     overrides = {
         "epochs": args.epochs,
@@ -381,11 +385,7 @@ def run(args: argparse.Namespace) -> Path:
         "lr_epochs": args.lr_epochs,
     }
     budget = replace(budget, **{k: v for k, v in overrides.items() if v is not None})
-    if min(budget.epochs, budget.seeds, budget.autoencoder_epochs, budget.lr_epochs) < 1:
-        raise ValueError("epochs, seeds and lr epochs must be at least 1")
-    activations = tuple(a.strip() for a in args.activations.split(",") if a.strip())
-    for name in activations:
-        make_activation(name)  # UnknownActivationError names the choices
+    activations: tuple[str, ...] = args.activations  # checked by add_arguments' types
     workers = args.workers or len(os.sched_getaffinity(0))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,11 @@ OPTIONS = {
     "serve": "--workers",
     "bench": "--concurrency",
 }
-NO_TORCH = "import sys; sys.modules['torch'] = None; import cli; cli.main(sys.argv[1:])"
+RUN_CLI = "import cli; cli.main(sys.argv[1:])"
+NO_TORCH = f"import sys; sys.modules['torch'] = None; {RUN_CLI}"
+# Options are declared in light modules: a mistaken one is refused before any of these loads.
+HEAVY = ("torch", "sklearn", "onnx", "onnxruntime", "fastapi", "grpc")
+LIGHT = f"import sys; sys.modules.update(dict.fromkeys({HEAVY})); {RUN_CLI}"
 
 
 def gelu_serve(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,27 +61,43 @@ def test_no_subcommand_prints_usage_listing_every_subcommand() -> None:
     assert set(OPTIONS) == set(SUBCOMMANDS)
 
 
-@pytest.mark.slow
-def test_models_shows_progress_per_epoch_and_the_table(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="training needs the [train] extra")
-    result = gelu_serve(
-        "models", "--quick", "--repository", str(tmp_path / "repo"),
-        "--checkpoints", str(tmp_path / "checkpoints"),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "[1/3] digits-mlp" in out and "[3/3] digits-autoencoder" in out
-    assert "1 torch thread(s)" in out
-    assert "digits-mlp epoch 1/2: train_loss=" in out
-    assert "digits-autoencoder epoch 2/2:" in out
-    assert "| `digits-mlp-tanh` | MLP 64-8x128-10 | gelu_tanh | digits | accuracy" in out
-
-
 def _one_error_line(result: subprocess.CompletedProcess[str], needle: str) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ("train", "--activation", "swish", "--out", "x.pt"),
+            "--activation: invalid choice: 'swish'",
+        ),
+        (("train", "--arch", "rnn", "--out", "x.pt"), "--arch: invalid choice: 'rnn'"),
+        (("train", "--epochs", "0", "--out", "x.pt"), "--epochs: must be at least 1, got 0"),
+        (("train", "--batch-size", "x", "--out", "x.pt"), "expected a whole number, got 'x'"),
+        (("train",), "the following arguments are required: --out"),
+        (("paper", "--activations", "gelu,swish"), "unknown activation 'swish'; choose one of"),
+        (("paper", "--lr-epochs", "0"), "--lr-epochs: must be at least 1"),
+    ],
+)
+def test_mistaken_options_are_refused_before_anything_heavy_is_imported(
+    tmp_path: Path, args: tuple[str, ...], needle: str
+) -> None:
+    # torch, onnx and the web stack made unimportable: the refusal is instant.
+    result = subprocess.run(
+        [sys.executable, "-c", LIGHT, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    _one_error_line(result, needle)
+    assert result.stderr.startswith(f"gelu-serve {args[0]}: error: ")
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 @pytest.mark.slow
@@ -92,16 +112,11 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, checkpoints: dict[str, 
     with ThreadPoolExecutor(8) as pool:
         exported = pool.submit(gelu_serve, *export)
         refused = [(pool.submit(gelu_serve, *args), needle) for args, needle in [
-            (("train", "--activation", "swish", "--out", out), "unknown activation 'swish'"),
-            (("train", "--arch", "rnn", "--out", out), "unknown architecture 'rnn'"),
             (("train", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "no"),
               "--out", out), "does not exist"),
             (("export", str(corrupt), "--name", "m", "--repository", str(tmp_path / "repo")),
              "not a readable checkpoint"),
             (("train", "--out", str(checkpoints["mlp"])), "exists; pass --overwrite"),
-            (("paper", "--activations", "gelu,swish", "--out", str(tmp_path)),
-             "unknown activation 'swish'"),
-            (("paper", "--epochs", "0", "--out", str(tmp_path)), "at least 1"),
         ]]  # fmt: skip
         for result, needle in refused:
             _one_error_line(result.result(), needle)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +30,20 @@ def test_table_needs_the_models(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_readme_table_matches_a_fresh_build(tmp_path: Path) -> None:
-    """Build the default models exactly as `make models` does and compare the README's table."""
+    """Build the default models as `make models` does, with its progress, one line per epoch
+    when not on a terminal, and compare the table it prints and the README's."""
     pytest.importorskip("torch", reason="training needs the [train] extra")
-    from export.defaults import DEFAULT_MODELS, build
-
-    build(tmp_path / "repo", tmp_path / "checkpoints", DEFAULT_MODELS)
-    assert table(tmp_path / "repo") == readme_table()
+    repository = tmp_path / "repo"
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "models", "--repository", str(repository),
+         "--checkpoints", str(tmp_path / "checkpoints")],
+        capture_output=True, text=True, timeout=600, cwd=README.parent,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "[1/3] digits-mlp" in out and "[3/3] digits-autoencoder" in out
+    assert "1 torch thread(s)" in out
+    assert "digits-mlp epoch 1/" in out and "train_loss=" in out
+    assert "digits-autoencoder epoch 2/" in out
+    assert out.endswith(readme_table() + "\n")
+    assert table(repository) == readme_table()

@@ -1,0 +1,43 @@
+"""The ``bench`` subcommand's options, kept free of the benchmark's imports (the web stack,
+onnx) so that every ``gelu-serve`` command starts without them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTIVATION_VALUES = 1_000_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` subcommand's options."""
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run (5)")
+    parser.add_argument("--concurrency", default="1,16,64", help="wrk connections (1,16,64)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="passes over every point; each point reports its median round (3)",
+    )
+    parser.add_argument("--server-cpus", default="0", help="taskset CPU list of servers (0)")
+    parser.add_argument("--client-cpu", type=int, default=1, help="CPU of wrk and client (1)")
+    parser.add_argument("--repository", default="model_repository", help="model repository")
+    parser.add_argument(
+        "--activation-values",
+        type=int,
+        default=ACTIVATION_VALUES,
+        help="values per activation request (1e6)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="report directory (docs)")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also MLServer and BentoML, each installed once into .bench-peers/ (`make "
+        "bench-peers`)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few seconds: no larger model and no 2-worker runs, for the tests",
+    )
