@@ -152,6 +152,9 @@ ONE_WORKER = "v1 predict, gelu-serve serve --workers 1"  # the 2-worker rows' tw
 TWO_WORKERS_OFF = "v1 predict, batching off, gelu-serve serve --workers 2"
 ONE_WORKER_OFF = "v1 predict, batching off, gelu-serve serve --workers 1"
 ECHO_AS_SERVED = "echo floor, served as the service serves"
+# A second server as batching off's, driven right after it: how far apart two identical servers
+# measure, beside the ratio of batching on and off, which at c=1 run the same path.
+OFF_AGAIN = "v1 predict, batching off, a second server"
 
 
 @contextmanager
@@ -570,6 +573,7 @@ def run(args: argparse.Namespace) -> Results:
         server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
         server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
         server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as off,
+        server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as again,
         grpc_floor(cpus) as floor_grpc,
     ):
         floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
@@ -588,13 +592,16 @@ def run(args: argparse.Namespace) -> Results:
         # Batching on and off of one protocol are driven one right after the other, in the
         # other order every other pass: their ratio, the closest call of the targets at c=1,
         # is taken between points seconds apart, and a drift of the machine's speed favours
-        # neither. The report lists every "on" row, then every "off" one.
+        # neither. V1's group drives a second batching-off server too (OFF_AGAIN). The report
+        # lists every "on" row, then every "off" one.
         states = (("on", on), ("off", off))
         pairs = [
             [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
             for k in small
         ]
-        scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs]
+        twin = (OFF_AGAIN, again, small["v1"])
+        pairs[list(small).index("v1")].append(twin)
+        scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs] + [twin]
         if not args.smoke:
             pairs.append([
                 (f"{large} v2-binary, batching on", on, big["v2-binary"]),
@@ -744,6 +751,10 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         for c in concurrencies:
             compare(f"{kind} at c={c}: batching on >= off", http(f"{kind} predict, batching on", c),
                     http(f"{kind} predict, batching off", c), 1.0)  # fmt: skip
+    low = concurrencies[0]
+    compare(f"v1 at c={low}: batching off against a second batching-off server (no target: two "
+            "identical servers, driven as on and off are)", http("v1 predict, batching off", low),
+            http(OFF_AGAIN, low), 0.0)  # fmt: skip
     if counted := results.instructions:  # what the c=1 rows' timings are within noise of
         on, off = (counted[state] for state in instructions.STATES)
         rows.append((

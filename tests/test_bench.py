@@ -35,6 +35,9 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     for driven_pass, (first, then) in zip(passes, (("on", "off"), ("off", "on")), strict=True):
         at = driven_pass.index(f"v1 predict, batching {first}")
         assert driven_pass[at + 1] == f"v1 predict, batching {then}", driven
+        # and batching off's twin right beside it
+        off = driven_pass.index("v1 predict, batching off")
+        assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     from bench.proc import cpu_model
 
@@ -43,7 +46,8 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert {"http floor", "http floor, served as the service serves", "naive app",
             "v1 predict, batching on", "v2-binary predict, batching on",
             "v1 predict, batching off", "v2-binary predict, batching off", "grpc floor",
-            "grpc predict, batching on", "grpc predict, batching off"} <= scenarios  # fmt: skip
+            "grpc predict, batching on", "grpc predict, batching off",
+            "v1 predict, batching off, a second server"} <= scenarios  # fmt: skip
     for row in report["http"]:
         if row["scenario"].startswith("grpc"):  # its client measured itself: not saturated
             assert 0 < row["client_cores"] < 1.0, row
@@ -80,6 +84,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
     assert zero in markdown
     assert "c=4 against the floor served as the service serves" in markdown
+    assert "| v1 at c=4: batching off against a second batching-off server" in markdown
     assert "c=4 against the echo served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
