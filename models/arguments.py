@@ -12,7 +12,7 @@ DEFAULT_HIDDEN = {"mlp": (128,) * 8, "autoencoder": (128, 64, 16), "cnn": (16, 3
 
 
 def positive_int(text: str) -> int:
-    """An option's whole number of at least 1 (epochs, seeds)."""
+    """An option's whole number of at least 1 (epochs, seeds, batch sizes)."""
     try:
         value = int(text)
     except ValueError:
