@@ -5,7 +5,8 @@ In one run on this machine: start the service (batching on and off), the HTTP fl
 uvicorn, and as the service serves) and the naive app as real uvicorn processes, each pinned to one
 core with every thread checked (see ``bench.proc``); drive them with wrk pinned to the other core
 at each concurrency, recording requests/s, p50, p99, errors, the server's CPU use and the
-hypervisor's steal per point, and repeating points taken under high steal. Then two worker
+hypervisor's steal and the host's speed (``bench.speed``) per point, and repeating points taken
+under high steal or at low speed. Then two worker
 processes against one, the larger model where batching matters, raw activation evaluation of 1e6
 values against a 4 MB echo, onnxruntime's in-process ``session.run`` (the compute floor) and where
 a request's time goes. Writes ``benchmarks.md``, ``benchmarks.json`` and ``benchmarks.png``.
@@ -20,6 +21,7 @@ import asyncio
 import dataclasses
 import http.client
 import json
+import math
 import os
 import platform
 import signal
@@ -41,6 +43,7 @@ from bench.arguments import ACTIVATION_VALUES, ROOT, add_arguments
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
+from bench.speed import HostSpeed, report_speed
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
 from contract.readme import replace_block
@@ -60,6 +63,7 @@ TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process
 PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"
 PEERS = (PEER_MLSERVER, PEER_BENTOML)
 MAX_STEAL = 0.15  # cores; a point taken under more is measured again
+MIN_SPEED = 0.85  # of the host's recent best (bench.speed); a point taken slower is measured again
 ATTEMPTS = 3
 T = TypeVar("T")
 
@@ -260,19 +264,30 @@ def peers(model_file: Path, max_batch_size: int, cpus: str) -> Iterator[dict[str
 
 
 def measure(
-    target: Server, request: Request, connections: int, seconds: float, client_cpu: int | None
+    target: Server,
+    request: Request,
+    connections: int,
+    seconds: float,
+    client_cpu: int | None,
+    host: HostSpeed | None = None,
 ) -> dict[str, Any]:
-    """One wrk point with the server's CPU use and the steal; measured again (up to
-    ``ATTEMPTS`` times) while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen.
+    """One wrk point with the server's CPU use, the steal and (given ``host``) the host's speed
+    on the server's CPUs. It starts once the host is at speed (``HostSpeed.wait``) and is
+    measured again (up to ``ATTEMPTS`` times) while the steal exceeds ``MAX_STEAL`` cores or
+    the speed falls short, keeping the attempt taken nearest full speed with the least steal.
     Every other server of the run is paused meanwhile (see ``paused``)."""
     best: dict[str, Any] = {}
+    best_rank = (False, -1.0, -math.inf)
     for attempt in range(1, ATTEMPTS + 1):
         threads = check_pinned(target.pid, target.cpus)
         with paused(pid for pid in LIVE if pid != target.pid):
+            waited = host.wait(target.cpus) if host else 0.0
             before = batch_totals(target) if target.batches else (0.0, 0.0)
             meter = UsageMeter(target.pid)
             meter.start()
+            start = time.monotonic()
             row = drive(target, request, connections, seconds, client_cpu)
+            host_ms = host.during(target.cpus, start, time.monotonic()) if host else {}
             usage = meter.stop()
             if target.batches:  # the mean batch the point's requests ran in
                 samples, runs = (a - b for a, b in zip(batch_totals(target), before, strict=True))
@@ -284,13 +299,24 @@ def measure(
             attempts=attempt,
             cpu_us_per_request=usage.server_cores / row["rps"] * 1e6 if row["rps"] else 0.0,
             preempted_per_request=usage.preemptions / row["requests"] if row["requests"] else 0.0,
+            host_ms=host_ms,
+            waited_s=waited,
         )
-        if not best or usage.steal_cores < best["steal_cores"]:
-            best = row
-        if usage.steal_cores <= MAX_STEAL:
+        speed = host.speed(host_ms) if host else None
+        kept = usage.steal_cores <= MAX_STEAL and (host is None or host.at_speed(speed))
+        rank = (kept, speed or 0.0, -usage.steal_cores)
+        if rank > best_rank:
+            best, best_rank = row, rank
+        if kept:
             break
     best["attempts"] = attempt
     return best
+
+
+def speed_text(row: dict[str, Any], fastest: dict[str, float]) -> str:
+    """A point's host speed against the run's fastest (``bench.speed``); blank when unknown."""
+    speed = report_speed(row.get("host_ms", {}), fastest)
+    return "" if speed is None else f"{speed:.2f}"
 
 
 def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -540,17 +566,19 @@ def run(args: argparse.Namespace) -> Results:
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
     service, ready = SERVICE_APP, "/v2/health/ready"
 
+    host = HostSpeed(cpu_list(every_cpu), min_speed=0.0 if args.smoke else MIN_SPEED)
+
     def point(
         name: str, target: Server, request: Request, c: int, rows: list[Any], pin: bool = True
     ) -> None:
-        row = measure(target, request, c, args.seconds, args.client_cpu if pin else None)
+        row = measure(target, request, c, args.seconds, args.client_cpu if pin else None, host)
         row.update(scenario=name, concurrency=c)
         rows.append(row)
         print(
             f"{name:42s} c={c:<3d} {row['rps']:7.0f} req/s  p50 {row['p50_ms']:6.2f} ms  "
             f"p99 {row['p99_ms']:6.2f} ms  errors {row['errors']}  server {row['server_cores']:.2f}"
             f" cores  preempted {row['preempted_per_request']:.3f}/request  "
-            f"steal {row['steal_cores']:.2f}",
+            f"steal {row['steal_cores']:.2f}  host speed {speed_text(row, host.fastest) or '?'}",
             flush=True,
         )
 
@@ -566,102 +594,112 @@ def run(args: argparse.Namespace) -> Results:
         if args.peers
         else nullcontext(no_peers)
     )
-    with (
-        compared as others,
-        server("bench.floor:create_app", {}, workers, cpus, "/docs") as floor,
-        floor_as_served(cpus) as floor_served,
-        server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
-        server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
-        server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as off,
-        server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as again,
-        grpc_floor(cpus) as floor_grpc,
-    ):
-        floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
-        alone = [
-            ("http floor", floor, floor_request),
-            (FLOOR_AS_SERVED, floor_served, floor_request),
-            ("grpc floor", floor_grpc, small["grpc"]),
-            ("naive app", naive, small["v1"]),
-        ]
-        if others:
-            bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
-            alone += [
-                (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
-                (f"{PEER_BENTOML}", others["bentoml"], bento_request),
-            ]
-        # Batching on and off of one protocol are driven one right after the other, in the
-        # other order every other pass: their ratio, the closest call of the targets at c=1,
-        # is taken between points seconds apart, and a drift of the machine's speed favours
-        # neither. V1's group drives a second batching-off server too (OFF_AGAIN). The report
-        # lists every "on" row, then every "off" one.
-        states = (("on", on), ("off", off))
-        pairs = [
-            [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
-            for k in small
-        ]
-        twin = (OFF_AGAIN, again, small["v1"])
-        pairs[list(small).index("v1")].append(twin)
-        scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs] + [twin]
-        if not args.smoke:
-            pairs.append([
-                (f"{large} v2-binary, batching on", on, big["v2-binary"]),
-                (f"{large} v2-binary, batching off", off, big["v2-binary"]),
-            ])  # fmt: skip
-            scenarios += pairs[-1]
-        groups = [[s] for s in alone] + pairs
-        warmed: set[str] = set()
-        for _, target, request in scenarios:  # one unrecorded second per server first
-            if target.url not in warmed:
-                drive(target, request, 8, 1, args.client_cpu)
-                warmed.add(target.url)
-        for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
-            driven = drive_order(groups, round_index, args.rounds)
-            for c in concurrencies:
-                for name, target, request in driven:
-                    point(name, target, request, c, results.http)
-            for c in (1, 4):
-                point("echo floor", floor, activation["echo"], c, results.activations)
-                point(ECHO_AS_SERVED, floor_served, activation["echo"], c, results.activations)
-                point("gelu, float32 binary", on, activation["binary"], c, results.activations)
-                point(
-                    "gelu native, float32 binary", on, activation["native"], c, results.activations
-                )
-            point("gelu, JSON", on, activation["json"], 1, results.activations)
-    if not args.smoke:  # two processes and wrk, all free to use every core
-        port, port_off = _free_port(), _free_port()
-        serve_two, serve_two_off = (
-            [sys.executable, "-m", "cli", "serve", "--port", str(p), "--workers", "2"]
-            for p in (port, port_off)
-        )
-        off_env = {**base_env, "GELU_BATCHING": "false"}
-        # Each 2-worker server beside a 1-worker twin, pinned as the rest, driven one right
-        # after the other in each pass (in the other order every other pass): the ratio of two
-        # against one is taken seconds apart, not a quarter of an hour.
+    # The host's speed on every CPU, measured beside every point (bench.speed); only while
+    # servers are driven: the in-process measurements after run on the client CPU.
+    with host:
         with (
-            serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
-            server(service, {**base_env, "GELU_BATCHING": "true"}, 1, cpus, ready) as one,
-            serve(serve_two_off, off_env, every_cpu, port_off, ready, settle=1.0) as two_off,
-            server(service, off_env, 1, cpus, ready) as one_off,
-            server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
-            server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
-            server("bench.floor:create_app", {}, 1, cpus, "/docs") as floor_one,
-            floor_as_served(every_cpu, workers=2) as floor_served_two,
-            floor_as_served(cpus) as floor_served_one,
+            compared as others,
+            server("bench.floor:create_app", {}, workers, cpus, "/docs") as floor,
+            floor_as_served(cpus) as floor_served,
+            server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
+            server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
+            server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as off,
+            server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as again,
+            grpc_floor(cpus) as floor_grpc,
         ):
-            two = dataclasses.replace(started, batches=True)
-            twins = [
-                [(TWO_WORKERS, two, small["v1"], False), (ONE_WORKER, one, small["v1"], True)],
-                [(TWO_WORKERS_OFF, two_off, small["v1"], False),
-                 (ONE_WORKER_OFF, one_off, small["v1"], True)],
-                [("naive app, uvicorn --workers 2", naive_two, small["v1"], False)],
-                [("http floor, uvicorn --workers 2", floor_two, floor_request, False),
-                 ("http floor, uvicorn --workers 1", floor_one, floor_request, True)],
-                [(FLOOR_AS_SERVED_TWO, floor_served_two, floor_request, False),
-                 (FLOOR_AS_SERVED_ONE, floor_served_one, floor_request, True)],
-            ]  # fmt: skip
-            for round_index in range(args.rounds):
-                for name, target, request, pin in drive_order(twins, round_index, args.rounds):
-                    point(name, target, request, top, results.http, pin=pin)
+            floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
+            alone = [
+                ("http floor", floor, floor_request),
+                (FLOOR_AS_SERVED, floor_served, floor_request),
+                ("grpc floor", floor_grpc, small["grpc"]),
+                ("naive app", naive, small["v1"]),
+            ]
+            if others:
+                bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
+                alone += [
+                    (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
+                    (f"{PEER_BENTOML}", others["bentoml"], bento_request),
+                ]
+            # Batching on and off of one protocol are driven one right after the other, in the
+            # other order every other pass: their ratio, the closest call of the targets at c=1,
+            # is taken between points seconds apart, and a drift of the machine's speed favours
+            # neither. V1's group drives a second batching-off server too (OFF_AGAIN). The report
+            # lists every "on" row, then every "off" one.
+            states = (("on", on), ("off", off))
+            pairs = [
+                [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
+                for k in small
+            ]
+            twin = (OFF_AGAIN, again, small["v1"])
+            pairs[list(small).index("v1")].append(twin)
+            scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs] + [twin]
+            if not args.smoke:
+                pairs.append([
+                    (f"{large} v2-binary, batching on", on, big["v2-binary"]),
+                    (f"{large} v2-binary, batching off", off, big["v2-binary"]),
+                ])  # fmt: skip
+                scenarios += pairs[-1]
+            groups = [[s] for s in alone] + pairs
+            warmed: set[str] = set()
+            for _, target, request in scenarios:  # one unrecorded second per server first
+                if target.url not in warmed:
+                    drive(target, request, 8, 1, args.client_cpu)
+                    warmed.add(target.url)
+            for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
+                driven = drive_order(groups, round_index, args.rounds)
+                for c in concurrencies:
+                    for name, target, request in driven:
+                        point(name, target, request, c, results.http)
+                for c in (1, 4):
+                    point("echo floor", floor, activation["echo"], c, results.activations)
+                    point(ECHO_AS_SERVED, floor_served, activation["echo"], c, results.activations)
+                    point("gelu, float32 binary", on, activation["binary"], c, results.activations)
+                    point(
+                        "gelu native, float32 binary",
+                        on,
+                        activation["native"],
+                        c,
+                        results.activations,
+                    )
+                point("gelu, JSON", on, activation["json"], 1, results.activations)
+        if not args.smoke:  # two processes and wrk, all free to use every core
+            port, port_off = _free_port(), _free_port()
+            serve_two, serve_two_off = (
+                [sys.executable, "-m", "cli", "serve", "--port", str(p), "--workers", "2"]
+                for p in (port, port_off)
+            )
+            off_env = {**base_env, "GELU_BATCHING": "false"}
+            # Each 2-worker server beside a 1-worker twin, pinned as the rest, driven one right
+            # after the other in each pass (in the other order every other pass): the ratio of two
+            # against one is taken seconds apart, not a quarter of an hour.
+            with (
+                serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
+                server(service, {**base_env, "GELU_BATCHING": "true"}, 1, cpus, ready) as one,
+                serve(serve_two_off, off_env, every_cpu, port_off, ready, settle=1.0) as two_off,
+                server(service, off_env, 1, cpus, ready) as one_off,
+                server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
+                server("bench.floor:create_app", {}, 2, every_cpu, "/docs") as floor_two,
+                server("bench.floor:create_app", {}, 1, cpus, "/docs") as floor_one,
+                floor_as_served(every_cpu, workers=2) as floor_served_two,
+                floor_as_served(cpus) as floor_served_one,
+            ):
+                two = dataclasses.replace(started, batches=True)
+                twins = [
+                    [(TWO_WORKERS, two, small["v1"], False), (ONE_WORKER, one, small["v1"], True)],
+                    [(TWO_WORKERS_OFF, two_off, small["v1"], False),
+                     (ONE_WORKER_OFF, one_off, small["v1"], True)],
+                    [("naive app, uvicorn --workers 2", naive_two, small["v1"], False)],
+                    [("http floor, uvicorn --workers 2", floor_two, floor_request, False),
+                     ("http floor, uvicorn --workers 1", floor_one, floor_request, True)],
+                    [(FLOOR_AS_SERVED_TWO, floor_served_two, floor_request, False),
+                     (FLOOR_AS_SERVED_ONE, floor_served_one, floor_request, True)],
+                ]  # fmt: skip
+                for round_index in range(args.rounds):
+                    for name, target, request, pin in drive_order(twins, round_index, args.rounds):
+                        point(name, target, request, top, results.http, pin=pin)
+    results.environment["host_fastest_ms"] = {
+        cpu: ms for cpu, ms in host.fastest.items() if math.isfinite(ms)
+    }
     results.http = median_rounds(results.http)
     results.activations = median_rounds(results.activations)
     order = {name: i for i, (name, _, _) in enumerate(scenarios)}
@@ -857,6 +895,7 @@ def write_report(results: Results, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmarks.json").write_text(json.dumps(results.__dict__, indent=2) + "\n")
     env = results.environment
+    fastest = env.get("host_fastest_ms", {})
     lines = [
         "# Benchmarks",
         "",
@@ -878,7 +917,11 @@ def write_report(results: Results, out: Path) -> None:
         "one of them can accept most of the connections: such a point shows near 1 server core",
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
-        f"up to {ATTEMPTS} times, keeping the least stolen)",
+        f"up to {ATTEMPTS} times, keeping the least stolen); `host speed`: how fast the host ran "
+        "the server's CPUs during the point against its fastest in the run, timed by a probe "
+        "on each CPU (`bench.speed`: a vCPU can run all the while and do half the work, with no "
+        "steal to show it); each point waits for the host to be at speed first and is measured "
+        f"again while below {MIN_SPEED} of its best of the last minutes",
         f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`)",
@@ -909,8 +952,9 @@ def write_report(results: Results, out: Path) -> None:
         "threads while it had work (involuntary context switches, from /proc).",
         "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | mean batch | preempted | steal | attempts | rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "CPU µs per request | mean batch | preempted | steal | host speed | attempts | "
+        "rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
         mean_batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else ""
@@ -919,21 +963,22 @@ def write_report(results: Results, out: Path) -> None:
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
             f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
             f"{r['preempted_per_request']:.3f} | {r['steal_cores']:.2f} | "
-            f"{r['attempts']} | {rounds(r)} |"
+            f"{speed_text(r, fastest)} | {r['attempts']} | {rounds(r)} |"
         )
     lines += [
         "",
         "## Raw activation evaluation against an echo of the same body (wrk)",
         "",
         "| scenario | concurrency | request bytes | req/s | MB/s of body | p50 ms | p99 ms | "
-        "errors | server cores | steal | rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "errors | server cores | steal | host speed | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in results.activations:
         lines.append(
             f"| {a['scenario']} | {a['concurrency']} | {a['request_bytes']} | {a['rps']:.1f} | "
             f"{megabytes(a):.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['errors']} | "
-            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {rounds(a, '.1f')} |"
+            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {speed_text(a, fastest)} | "
+            f"{rounds(a, '.1f')} |"
         )
     if results.kernels:
         lines += [

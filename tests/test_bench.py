@@ -40,8 +40,12 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     from bench.proc import cpu_model
+    from bench.speed import report_speed
 
     assert f"cores of {cpu_model()}, " in report["environment"]["machine"]
+    assert set(report["environment"]["host_fastest_ms"]) == {
+        str(c) for c in os.sched_getaffinity(0)
+    }
     scenarios = {row["scenario"] for row in report["http"]}
     assert {"http floor", "http floor, served as the service serves", "naive app",
             "v1 predict, batching on", "v2-binary predict, batching on",
@@ -66,6 +70,10 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
         assert row["steal_cores"] >= 0 and 1 <= row["attempts"] <= 3
         assert row["preempted_per_request"] >= 0, row
+        # the host's speed on the server's CPU, timed beside the point, against the run's best
+        assert set(row["host_ms"]) == {"0"}, row
+        speed = report_speed(row["host_ms"], report["environment"]["host_fastest_ms"])
+        assert speed is not None and 0.2 < speed < 2, row
         # one row per point, from two rounds: the lower of the two (the median of an even count)
         assert len(row["rounds_rps"]) == 2 and row["rps"] == min(row["rounds_rps"]), row
     points = [(r["scenario"], r["concurrency"]) for r in report["http"] + report["activations"]]
@@ -88,7 +96,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert "c=4 against the echo served as the service serves" in markdown
     assert "gelu-serve bench" in markdown
     assert "## Where the time goes" in markdown and "| naive app | " in markdown
-    assert "| mean batch | preempted |" in markdown
+    assert "| mean batch | preempted | steal | host speed |" in markdown
     assert "one call on 10,000 values of gelu" in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -349,3 +357,93 @@ def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
     (off,) = (t for t in measured if "with batching off: 2 workers against 1" in t)
     assert "(no target" in off
     assert measured[off] == ("1.82x (182 / 100 req/s; by round 1.82x)", True)
+
+
+def test_host_speed_compares_a_point_with_the_fastest_recent_reading() -> None:
+    from bench.speed import MEMORY, WINDOW, HostSpeed, report_speed
+
+    host = HostSpeed([0, 1], min_speed=0.85)
+    for at in range(WINDOW):  # CPU 0 at its best, 1 ms a chunk, then half as fast
+        host.add(0, float(at), 1.0)
+    for at in range(WINDOW, 2 * WINDOW):
+        host.add(0, float(at), 2.0)
+    point = host.during([0, 1], WINDOW, 2 * WINDOW)
+    assert point == {"0": 2.0}  # CPU 1 ran no chunk: left out
+    assert host.speed(point) == 0.5 and not host.at_speed(0.5) and host.at_speed(0.9)
+    assert host.at_speed(None) and host.speed({"1": 1.0}) is None  # nothing to compare
+    assert report_speed(point, host.fastest) == 0.5
+    # minutes later, half speed is the best the host has given lately: the bench goes on at it,
+    # and the report still compares with the run's best
+    later = 2 * WINDOW + MEMORY
+    for at in range(WINDOW):
+        host.add(0, later + at, 2.0)
+    point = host.during([0], later, later + WINDOW)
+    assert host.speed(point) == 1.0 and report_speed(point, host.fastest) == 0.5
+    assert report_speed(point, {"1": 1.0}) is None
+
+
+def test_a_point_waits_for_the_host_to_be_at_speed() -> None:
+    from bench.speed import WINDOW, HostSpeed
+
+    host = HostSpeed([0], min_speed=0.85)
+    for at in range(WINDOW):
+        host.add(0, float(at), 1.0)
+    assert host.wait([0], timeout=5) < 0.5  # at speed: no wait
+    for at in range(WINDOW, WINDOW + 3):
+        host.add(0, float(at), 1.5)  # the last three chunks slow
+    assert host.wait([0], timeout=0.2) >= 0.2
+    assert HostSpeed([0], min_speed=0.0).wait([0]) == 0.0  # only recording (the smoke run)
+
+
+def test_the_probe_times_chunks_at_real_time_priority() -> None:
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "bench.speed", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert probe.stdout is not None
+        first = probe.stdout.readline().split()
+        if first == ["unavailable"]:  # only where real-time priority is refused
+            assert os.geteuid() != 0
+            return
+        assert os.sched_getscheduler(probe.pid) == os.SCHED_FIFO
+        assert os.sched_getaffinity(probe.pid) == {0}
+        second = probe.stdout.readline().split()
+        (t1, ms1), (t2, ms2) = map(float, first), map(float, second)
+        assert 0.4 < t2 - t1 < 1.5 and 0 < ms1 < 100 and 0 < ms2 < 100
+    finally:
+        probe.terminate()
+        probe.wait(timeout=10)
+
+
+@pytest.mark.slow  # a real server
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
+def test_a_point_taken_while_the_host_is_slow_is_measured_again() -> None:
+    from bench.run import measure, server
+    from bench.speed import WINDOW, HostSpeed
+    from bench.wrk import Request
+
+    class Host(HostSpeed):
+        """At its best (1 ms a chunk) before the point; half as fast during its first attempt."""
+
+        def __init__(self) -> None:
+            super().__init__([0], min_speed=0.85)
+            for at in range(WINDOW):
+                self.add(0, float(at), 1.0)
+            self.points = iter([{"0": 2.0}, {"0": 1.05}])
+
+        def during(self, cpus: object, start: float, end: float) -> dict[str, float]:
+            return next(self.points)
+
+    request = Request("/floor", b"{}", {"Content-Type": "application/json"})
+    with server("bench.floor:create_app", {}, 1, "0", "/docs") as floor:
+        row = measure(floor, request, 1, 0.5, None, Host())
+    assert row["attempts"] == 2 and row["host_ms"] == {"0": 1.05} and row["rps"] > 0
+
+
+def test_the_readme_states_the_limits_the_bench_sets() -> None:
+    from bench.run import MAX_STEAL, MIN_SPEED
+    from bench.speed import MEMORY
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"a point taken under more than {MAX_STEAL} cores of steal is measured again" in readme
+    assert f"below {MIN_SPEED} of its best of the last {MEMORY / 60:g} minutes" in readme
