@@ -4,14 +4,14 @@ compute floor, every figure with the CPU it took.
 In one run on this machine: start the service (batching on and off), the HTTP floor app (by stock
 uvicorn, and as the service serves) and the naive app as real uvicorn processes, each pinned to one
 core with every thread checked (see ``bench.proc``); drive them with wrk pinned to the other core
-at each concurrency, recording requests/s, p50, p99, errors, the server's CPU use and the
-hypervisor's steal and the host's speed (``bench.speed``) per point, and repeating points taken
-under high steal or at low speed. Then two worker
-processes against one, the larger model where batching matters, raw activation evaluation of 1e6
-values against a 4 MB echo, onnxruntime's in-process ``session.run`` (the compute floor) and where
-a request's time goes. Writes ``benchmarks.md``, ``benchmarks.json`` and ``benchmarks.png``.
-Absolute figures move with the machine's neighbours; compare the ratios, which are taken within one
-run.
+at each concurrency, recording requests/s, p50, p99, errors, the server's CPU use, the
+hypervisor's steal (repeating points taken under high steal) and a probe's reading of the host's
+speed (``bench.speed``) per point. Then two worker processes against one, the larger model where
+batching matters, raw activation evaluation of 1e6 values against a 4 MB echo, onnxruntime's
+in-process ``session.run`` (the compute floor) and where a request's time goes. Writes
+``benchmarks.md``, ``benchmarks.json`` and ``benchmarks.png``. Absolute figures move with the
+machine's neighbours; compare the ratios, which are taken within one run, each round counted
+when the probe read the host at one speed for both of its points.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import http.client
 import json
-import math
 import os
 import platform
 import signal
@@ -43,7 +42,7 @@ from bench.arguments import ACTIVATION_VALUES, ROOT, add_arguments
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
-from bench.speed import HostSpeed, report_speed
+from bench.speed import HostSpeed, apart
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
 from contract.readme import replace_block
@@ -63,7 +62,7 @@ TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process
 PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"
 PEERS = (PEER_MLSERVER, PEER_BENTOML)
 MAX_STEAL = 0.15  # cores; a point taken under more is measured again
-MIN_SPEED = 0.85  # of the host's recent best (bench.speed); a point taken slower is measured again
+HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
 ATTEMPTS = 3
 T = TypeVar("T")
 
@@ -271,17 +270,14 @@ def measure(
     client_cpu: int | None,
     host: HostSpeed | None = None,
 ) -> dict[str, Any]:
-    """One wrk point with the server's CPU use, the steal and (given ``host``) the host's speed
-    on the server's CPUs. It starts once the host is at speed (``HostSpeed.wait``) and is
-    measured again (up to ``ATTEMPTS`` times) while the steal exceeds ``MAX_STEAL`` cores or
-    the speed falls short, keeping the attempt taken nearest full speed with the least steal.
-    Every other server of the run is paused meanwhile (see ``paused``)."""
+    """One wrk point with the server's CPU use, the steal and (given ``host``) the probe's
+    readings on the server's CPUs (``host_ms``); measured again (up to ``ATTEMPTS`` times)
+    while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen. Every other server
+    of the run is paused meanwhile (see ``paused``)."""
     best: dict[str, Any] = {}
-    best_rank = (False, -1.0, -math.inf)
     for attempt in range(1, ATTEMPTS + 1):
         threads = check_pinned(target.pid, target.cpus)
         with paused(pid for pid in LIVE if pid != target.pid):
-            waited = host.wait(target.cpus) if host else 0.0
             before = batch_totals(target) if target.batches else (0.0, 0.0)
             meter = UsageMeter(target.pid)
             meter.start()
@@ -300,23 +296,19 @@ def measure(
             cpu_us_per_request=usage.server_cores / row["rps"] * 1e6 if row["rps"] else 0.0,
             preempted_per_request=usage.preemptions / row["requests"] if row["requests"] else 0.0,
             host_ms=host_ms,
-            waited_s=waited,
         )
-        speed = host.speed(host_ms) if host else None
-        kept = usage.steal_cores <= MAX_STEAL and (host is None or host.at_speed(speed))
-        rank = (kept, speed or 0.0, -usage.steal_cores)
-        if rank > best_rank:
-            best, best_rank = row, rank
-        if kept:
+        if not best or usage.steal_cores < best["steal_cores"]:
+            best = row
+        if usage.steal_cores <= MAX_STEAL:
             break
     best["attempts"] = attempt
     return best
 
 
-def speed_text(row: dict[str, Any], fastest: dict[str, float]) -> str:
-    """A point's host speed against the run's fastest (``bench.speed``); blank when unknown."""
-    speed = report_speed(row.get("host_ms", {}), fastest)
-    return "" if speed is None else f"{speed:.2f}"
+def probe_text(row: dict[str, Any]) -> str:
+    """A point's probe readings (``bench.speed``), CPU by CPU: ``0.57`` or ``0.57 / 0.93``."""
+    readings = row.get("host_ms", {})
+    return " / ".join(f"{readings[cpu]:.2f}" for cpu in sorted(readings))
 
 
 def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -334,6 +326,7 @@ def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **median,
             "rounds_rps": [r["rps"] for r in measured],
             "rounds_errors": sum(r["errors"] for r in measured),
+            "rounds_host_ms": [r.get("host_ms", {}) for r in measured],
         })  # fmt: skip
     return kept
 
@@ -566,7 +559,7 @@ def run(args: argparse.Namespace) -> Results:
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
     service, ready = SERVICE_APP, "/v2/health/ready"
 
-    host = HostSpeed(cpu_list(every_cpu), min_speed=0.0 if args.smoke else MIN_SPEED)
+    host = HostSpeed(cpu_list(every_cpu))
 
     def point(
         name: str, target: Server, request: Request, c: int, rows: list[Any], pin: bool = True
@@ -578,7 +571,7 @@ def run(args: argparse.Namespace) -> Results:
             f"{name:42s} c={c:<3d} {row['rps']:7.0f} req/s  p50 {row['p50_ms']:6.2f} ms  "
             f"p99 {row['p99_ms']:6.2f} ms  errors {row['errors']}  server {row['server_cores']:.2f}"
             f" cores  preempted {row['preempted_per_request']:.3f}/request  "
-            f"steal {row['steal_cores']:.2f}  host speed {speed_text(row, host.fastest) or '?'}",
+            f"steal {row['steal_cores']:.2f}  probe {probe_text(row) or '?'} ms",
             flush=True,
         )
 
@@ -697,9 +690,6 @@ def run(args: argparse.Namespace) -> Results:
                 for round_index in range(args.rounds):
                     for name, target, request, pin in drive_order(twins, round_index, args.rounds):
                         point(name, target, request, top, results.http, pin=pin)
-    results.environment["host_fastest_ms"] = {
-        cpu: ms for cpu, ms in host.fastest.items() if math.isfinite(ms)
-    }
     results.http = median_rounds(results.http)
     results.activations = median_rounds(results.activations)
     order = {name: i for i, (name, _, _) in enumerate(scenarios)}
@@ -724,14 +714,20 @@ def drive_order(groups: list[list[T]], round_index: int, rounds: int) -> list[T]
     return [s for g in groups[shift:] + groups[:shift] for s in (g[::-1] if flip else g)]
 
 
-def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
-    """a's requests/s over b's within each round: each pass drives both a minute or two apart
-    (batching on and off one right after the other), so a slow spell of the shared machine
-    that spans the two cancels out."""
+def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[float, float | None]]:
+    """a's requests/s over b's within each round, with how far apart the host's speed was
+    for the two (``bench.speed.apart``; None if unread): each pass drives both a minute or two
+    apart (batching on and off one right after the other), so a slow spell of the shared
+    machine that spans the two cancels out, and the probe tells the spells that did not."""
+    unread: list[dict[str, float]] = [{}] * len(a.get("rounds_rps", [a["rps"]]))
     return [
-        x / y
-        for x, y in zip(
-            a.get("rounds_rps", [a["rps"]]), b.get("rounds_rps", [b["rps"]]), strict=True
+        (x / y, apart(p, q))
+        for x, y, p, q in zip(
+            a.get("rounds_rps", [a["rps"]]),
+            b.get("rounds_rps", [b["rps"]]),
+            a.get("rounds_host_ms", unread),
+            b.get("rounds_host_ms", unread),
+            strict=True,
         )
     ]
 
@@ -739,8 +735,10 @@ def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
 def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     """(target, measured, met) for each of issue 10's targets that this run measured.
 
-    A ratio is the median of its rounds' ratios (``by_round``), shown beside each point's
-    median and each round's ratio.
+    A ratio is the median of its rounds' ratios (``by_round``), counting the rounds in which
+    the probe read the host at one speed for both points (within ``HOST_MATCH``), or every
+    round if none did; shown beside each point's median and each round's ratio, a round not
+    counted in brackets with how far apart the host was.
     """
     top = max(r["concurrency"] for r in results.http)
     concurrencies = sorted({r["concurrency"] for r in results.http})
@@ -759,13 +757,21 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         if not (a and b):
             return
         rounds = by_round(a, b)
-        middle = statistics.median(rounds)
+        alike = [ratio for ratio, far in rounds if far is None or far <= HOST_MATCH]
+        middle = statistics.median(alike or [ratio for ratio, _ in rounds])
         form = "{:.0%}" if share else "{:.2f}x"
         if form.format(middle) == form.format(goal):  # too close to call at that precision
             form = "{:.1%}" if share else "{:.3f}x"
+        shown = [
+            form.format(ratio)
+            if far is None or far <= HOST_MATCH
+            else f"({form.format(ratio)}: host {far:.2f}x apart)"
+            for ratio, far in rounds
+        ]
+        unmatched = "" if alike else "; no round read the host at one speed, all counted"
         measured = (
             f"{form.format(middle)} ({unit(a):.0f} / {unit(b):.0f} {units}; "
-            f"by round {' / '.join(form.format(r) for r in rounds)})"
+            f"by round {' / '.join(shown)}{unmatched})"
         )
         rows.append((name, measured, middle >= goal))
 
@@ -895,7 +901,6 @@ def write_report(results: Results, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmarks.json").write_text(json.dumps(results.__dict__, indent=2) + "\n")
     env = results.environment
-    fastest = env.get("host_fastest_ms", {})
     lines = [
         "# Benchmarks",
         "",
@@ -917,11 +922,13 @@ def write_report(results: Results, out: Path) -> None:
         "one of them can accept most of the connections: such a point shows near 1 server core",
         "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
-        f"up to {ATTEMPTS} times, keeping the least stolen); `host speed`: how fast the host ran "
-        "the server's CPUs during the point against its fastest in the run, timed by a probe "
-        "on each CPU (`bench.speed`: a vCPU can run all the while and do half the work, with no "
-        "steal to show it); each point waits for the host to be at speed first and is measured "
-        f"again while below {MIN_SPEED} of its best of the last minutes",
+        f"up to {ATTEMPTS} times, keeping the least stolen); `probe ms`: the median time a "
+        "fixed 1 ms chunk of Python took on each of the server's CPUs during the point, timed "
+        "every half second at real-time priority (`bench.speed`): a vCPU here can run all the "
+        "while and do half the work, with no steal to show it. A reading depends on the "
+        "point's load too (a core never idle reads faster), so only points of one kind compare: "
+        "a target's round counts when its two points read within "
+        f"{HOST_MATCH:.2f}x of each other (the rest are shown in brackets)",
         f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`)",
@@ -952,7 +959,7 @@ def write_report(results: Results, out: Path) -> None:
         "threads while it had work (involuntary context switches, from /proc).",
         "",
         "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | mean batch | preempted | steal | host speed | attempts | "
+        "CPU µs per request | mean batch | preempted | steal | probe ms | attempts | "
         "rounds (req/s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -963,21 +970,21 @@ def write_report(results: Results, out: Path) -> None:
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
             f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
             f"{r['preempted_per_request']:.3f} | {r['steal_cores']:.2f} | "
-            f"{speed_text(r, fastest)} | {r['attempts']} | {rounds(r)} |"
+            f"{probe_text(r)} | {r['attempts']} | {rounds(r)} |"
         )
     lines += [
         "",
         "## Raw activation evaluation against an echo of the same body (wrk)",
         "",
         "| scenario | concurrency | request bytes | req/s | MB/s of body | p50 ms | p99 ms | "
-        "errors | server cores | steal | host speed | rounds (req/s) |",
+        "errors | server cores | steal | probe ms | rounds (req/s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in results.activations:
         lines.append(
             f"| {a['scenario']} | {a['concurrency']} | {a['request_bytes']} | {a['rps']:.1f} | "
             f"{megabytes(a):.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['errors']} | "
-            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {speed_text(a, fastest)} | "
+            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {probe_text(a)} | "
             f"{rounds(a, '.1f')} |"
         )
     if results.kernels:

@@ -1,28 +1,30 @@
-"""How fast the host is running this machine's CPUs, measured beside every benchmark point.
+"""How fast the host ran the server's CPUs during a benchmark point, read by a probe.
 
 This machine is a virtual one on a shared host. Steal (time the hypervisor gives other guests,
 in /proc/stat) is one way a point loses speed; there is another that nothing in the guest
-shows. On 2026-11-26 a fixed chunk of Python pinned to one CPU here took 10.3-11 ms for
-seconds at a time, then 17-19.7 ms, then 10.5 again, with no steal at all: the CPU ran all the
-while and did half the work (another guest on the same physical core is the likely cause; this
-guest has no performance counters to tell). Beside the service at c=64 on the same CPU, the
-probe below and the service's requests/s, taken second by second over a minute, correlated at
-r = 0.81; the one slow second served 3,053 requests against 5,100-6,300 in the others.
+shows: the same work on the same vCPU takes one time for seconds or minutes, then about 1.7
+times as long, then the first again, with no steal at all (another guest on the same physical
+core is the likely cause; this guest has no performance counters to tell). Measured here on
+2026-11-26: a fixed 1 ms chunk of Python took 0.55-0.58 ms or 0.93-0.95 ms, rarely between.
 
-So the bench measures it. A probe on each CPU, at real-time priority so that it runs when due
-whatever else the CPU runs, wakes every ``PERIOD`` s, spins ``RAMP`` s (a CPU woken from idle
-runs a 1 ms chunk about 20 % slower and twice as unevenly as a busy one, measured here) and
-times a fixed loop of Python, about 1 ms here: 0.6 % of the CPU, the same for every point. A
-CPU's reading is the median of its last ``WINDOW`` chunks; a point's speed is the fastest
-reading of the last ``MEMORY`` s over the point's median chunk, on the slowest of the server's
-CPUs: 1.0 is the host at its best, 0.6 a point taken while something halved it.
-``bench.run.measure`` waits for the host to be at speed before a point and measures a slow
-point again, as it does one taken under steal.
+So the bench reads it beside every point. A probe on each CPU, at real-time priority so that
+it runs when due whatever else the CPU runs, wakes every ``PERIOD`` s, spins ``RAMP`` s (a CPU
+woken from idle runs the chunk slower and more unevenly at first) and times ``ITERATIONS``
+turns of a loop: 0.6 % of the CPU, the same for every point. A point's reading is the median
+chunk on each of the server's CPUs (``HostSpeed.during``).
+
+A reading also depends on the point's own load, not only the host: in the same minutes the
+chunk took 0.57-0.72 ms beside the HTTP floor at c=64 (the core never idle) and 0.87-0.94 ms
+beside it at c=1. So readings compare points of one kind only, such as the two points of a
+target's ratio (batching on and off at one concurrency, two identical servers); that is how
+``bench.run`` uses them (``apart``). Two identical batching-off servers at c=1, driven in turn
+ten times for 3 s each: the log of their requests/s ratio and the log of their readings' ratio
+correlated at r = 0.92; the turns read at one speed (within 15 %) were 0.96-1.07x apart in
+requests/s, the others 0.86-1.18x.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import subprocess
@@ -36,11 +38,8 @@ from types import TracebackType
 from bench.arguments import ROOT
 
 PERIOD = 0.5  # seconds between a CPU's chunks
-ITERATIONS = 10_000  # one chunk's loop
-WINDOW = 6  # chunks in one reading of a CPU's speed (3 s)
-MEMORY = 300.0  # seconds: the reference is the fastest reading this recent
-WAIT_SECONDS = 10.0  # the longest wait for the host to be at speed before a point
 RAMP = 0.002  # seconds of spinning before each chunk
+ITERATIONS = 10_000  # one chunk's loop: about 1 ms here
 KEPT = 3_600  # chunks kept per CPU (half an hour)
 
 
@@ -69,7 +68,7 @@ def probe(cpu: int, period: float = PERIOD) -> None:
     try:
         while os.getppid() == parent:
             time.sleep(period)
-            ramp = time.perf_counter() + RAMP  # a CPU that was idle runs slower at first
+            ramp = time.perf_counter() + RAMP
             while time.perf_counter() < ramp:
                 pass
             print(f"{time.monotonic():.4f} {chunk() * 1e3:.4f}", flush=True)
@@ -78,18 +77,14 @@ def probe(cpu: int, period: float = PERIOD) -> None:
 
 
 class HostSpeed:
-    """Probes on ``cpus`` while in a ``with`` block, and what they measured; ``add`` takes a
-    chunk by hand (the tests). ``min_speed`` 0 records speeds without waiting or judging."""
+    """Probes on ``cpus`` while in a ``with`` block, and the chunks they timed; ``add`` takes
+    a chunk by hand (the tests)."""
 
-    def __init__(self, cpus: Iterable[int], min_speed: float) -> None:
+    def __init__(self, cpus: Iterable[int]) -> None:
         self.cpus = sorted(cpus)
-        self.min_speed = min_speed
-        self.available = True
-        self.fastest: dict[str, float] = {str(cpu): math.inf for cpu in self.cpus}  # the run's
         self._chunks: dict[int, deque[tuple[float, float]]] = {
             cpu: deque(maxlen=KEPT) for cpu in self.cpus
         }
-        self._readings: dict[int, deque[tuple[float, float]]] = {cpu: deque() for cpu in self.cpus}
         self._lock = threading.Lock()
         self._probes: list[subprocess.Popen[str]] = []
 
@@ -115,24 +110,14 @@ class HostSpeed:
     def _read(self, cpu: int, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            if line.strip() == "unavailable":
-                self.available = False
-                return
-            at, ms = map(float, line.split())
-            self.add(cpu, at, ms)
+            if line.strip() != "unavailable":
+                at, ms = map(float, line.split())
+                self.add(cpu, at, ms)
 
     def add(self, cpu: int, at: float, ms: float) -> None:
         """One chunk of ``ms`` on ``cpu``, finished at monotonic time ``at``."""
         with self._lock:
-            chunks, readings = self._chunks[cpu], self._readings[cpu]
-            chunks.append((at, ms))
-            if len(chunks) < WINDOW:
-                return
-            reading = statistics.median(m for _, m in list(chunks)[-WINDOW:])
-            readings.append((at, reading))
-            while readings[0][0] < at - MEMORY:
-                readings.popleft()
-            self.fastest[str(cpu)] = min(self.fastest[str(cpu)], reading)
+            self._chunks[cpu].append((at, ms))
 
     def during(self, cpus: Iterable[int], start: float, end: float) -> dict[str, float]:
         """Each CPU's median chunk ms between monotonic times ``start`` and ``end`` (keys are
@@ -141,46 +126,13 @@ class HostSpeed:
             taken = {cpu: [m for at, m in self._chunks[cpu] if start <= at <= end] for cpu in cpus}
         return {str(cpu): statistics.median(ms) for cpu, ms in taken.items() if ms}
 
-    def speed(self, chunk_ms: dict[str, float]) -> float | None:
-        """The slowest CPU's speed in ``chunk_ms`` (``during``) against its fastest recent
-        reading; None when there is nothing to compare."""
-        with self._lock:
-            speeds = [
-                min(r for _, r in self._readings[int(cpu)]) / ms
-                for cpu, ms in chunk_ms.items()
-                if self._readings[int(cpu)]
-            ]
-        return min(speeds) if speeds else None
 
-    def at_speed(self, speed: float | None) -> bool:
-        """Whether a point measured at ``speed`` is kept (no speed known counts as kept)."""
-        return speed is None or speed >= self.min_speed
-
-    def wait(self, cpus: Iterable[int], timeout: float = WAIT_SECONDS) -> float:
-        """Wait until each of ``cpus`` ran its last three chunks (their median) at speed, or
-        ``timeout`` s; returns the seconds waited."""
-        if not self.min_speed:
-            return 0.0
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            with self._lock:
-                recent = {cpu: [m for _, m in list(self._chunks[cpu])[-3:]] for cpu in cpus}
-            last = {str(cpu): statistics.median(ms) for cpu, ms in recent.items() if ms}
-            if self.at_speed(self.speed(last)):
-                break
-            time.sleep(0.05)
-        return time.monotonic() - start
-
-
-def report_speed(chunk_ms: dict[str, float], fastest: dict[str, float]) -> float | None:
-    """A point's speed (its ``host_ms``, from ``during``) against the run's fastest readings
-    (``HostSpeed.fastest``), for the report: the slowest of its CPUs; None when unknown."""
-    speeds = [
-        fastest[cpu] / ms
-        for cpu, ms in chunk_ms.items()
-        if math.isfinite(fastest.get(cpu, math.inf)) and ms > 0
-    ]
-    return min(speeds) if speeds else None
+def apart(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """How far apart two points' readings (``HostSpeed.during``) are, as a ratio of at least 1:
+    the largest over the CPUs both read; None if they read none in common."""
+    common = [cpu for cpu in a.keys() & b.keys() if a[cpu] > 0 and b[cpu] > 0]
+    ratios = [max(a[cpu], b[cpu]) / min(a[cpu], b[cpu]) for cpu in common]
+    return max(ratios) if ratios else None
 
 
 if __name__ == "__main__":
