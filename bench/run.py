@@ -936,7 +936,9 @@ def write_report(results: Results, out: Path) -> None:
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart (batching "
         "on and off one right after the other, in the other order every other round), and "
-        "the median of those is reported beside each round's (`by round`); the 2-worker rows "
+        "the median of those is reported beside each round's (`by round`), counting the "
+        "rounds whose two points the probe read at one speed (the others in brackets, with how "
+        "far apart; all count if none did); the 2-worker rows "
         "are measured in passes of their own after the rest, each one right beside its "
         "1-worker twin (the `--workers 1` rows, pinned as the rest), and compared with it",
         "",

@@ -13,9 +13,10 @@ woken from idle runs the chunk slower and more unevenly at first) and times ``IT
 turns of a loop: 0.6 % of the CPU, the same for every point. A point's reading is the median
 chunk on each of the server's CPUs (``HostSpeed.during``).
 
-A reading also depends on the point's own load, not only the host: in the same minutes the
-chunk took 0.57-0.72 ms beside the HTTP floor at c=64 (the core never idle) and 0.87-0.94 ms
-beside it at c=1. So readings compare points of one kind only, such as the two points of a
+A reading may depend on the point's own load as well as the host: in one trial, alternating
+the HTTP floor's c=1 and c=64 every 4 s, the chunk took 0.87-0.94 ms beside c=1 three times and
+0.57-0.72 ms beside c=64 (the core never idle) three times, though later runs read c=1 points at
+0.53-0.58 too. So readings compare points of one kind only, such as the two points of a
 target's ratio (batching on and off at one concurrency, two identical servers); that is how
 ``bench.run`` uses them (``apart``). Two identical batching-off servers at c=1, driven in turn
 ten times for 3 s each: the log of their requests/s ratio and the log of their readings' ratio

@@ -403,7 +403,9 @@ def test_the_probe_times_chunks_at_real_time_priority() -> None:
 
 def test_the_readme_states_the_limits_the_bench_sets() -> None:
     from bench.run import HOST_MATCH, MAX_STEAL
+    from bench.speed import PERIOD
 
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"a point taken under more than {MAX_STEAL} cores of steal is measured again" in readme
     assert f"read within {HOST_MATCH:.2f}x of each other" in readme
+    assert "times a fixed 1 ms chunk of Python every half second" in readme and PERIOD == 0.5
