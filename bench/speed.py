@@ -5,13 +5,14 @@ in /proc/stat) is one way a point loses speed; there is another that nothing in 
 shows: the same work on the same vCPU takes one time for seconds or minutes, then about 1.7
 times as long, then the first again, with no steal at all (another guest on the same physical
 core is the likely cause; this guest has no performance counters to tell). Measured here on
-2026-11-26: a fixed 1 ms chunk of Python took 0.55-0.58 ms or 0.93-0.95 ms, rarely between.
+2026-11-26: the probe's chunk below took 0.51-0.65 ms or 0.80-0.99 ms beside 184 of the 192
+points of one ``make bench-peers``, between the two beside 8.
 
 So the bench reads it beside every point. A probe on each CPU, at real-time priority so that
 it runs when due whatever else the CPU runs, wakes every ``PERIOD`` s, spins ``RAMP`` s (a CPU
 woken from idle runs the chunk slower and more unevenly at first) and times ``ITERATIONS``
-turns of a loop: 0.6 % of the CPU, the same for every point. A point's reading is the median
-chunk on each of the server's CPUs (``HostSpeed.during``).
+turns of a loop (under 1 ms): 0.6 % of the CPU, the same for every point. A point's reading
+is the median chunk on each of the server's CPUs (``HostSpeed.during``).
 
 A reading may depend on the point's own load as well as the host: in one trial, alternating
 the HTTP floor's c=1 and c=64 every 4 s, the chunk took 0.87-0.94 ms beside c=1 three times and
