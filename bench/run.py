@@ -756,17 +756,15 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         """A row for a against b, when both were measured; a share is shown in per cent."""
         if not (a and b):
             return
-        rounds = by_round(a, b)
-        alike = [ratio for ratio, far in rounds if far is None or far <= HOST_MATCH]
-        middle = statistics.median(alike or [ratio for ratio, _ in rounds])
+        rounds = [(ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b)]
+        alike = [ratio for ratio, _, counted in rounds if counted]
+        middle = statistics.median(alike or [ratio for ratio, _, _ in rounds])
         form = "{:.0%}" if share else "{:.2f}x"
         if form.format(middle) == form.format(goal):  # too close to call at that precision
             form = "{:.1%}" if share else "{:.3f}x"
         shown = [
-            form.format(ratio)
-            if far is None or far <= HOST_MATCH
-            else f"({form.format(ratio)}: host {far:.2f}x apart)"
-            for ratio, far in rounds
+            form.format(ratio) if counted else f"({form.format(ratio)}: host {far:.2f}x apart)"
+            for ratio, far, counted in rounds
         ]
         unmatched = "" if alike else "; no round read the host at one speed, all counted"
         measured = (
