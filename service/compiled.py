@@ -39,6 +39,7 @@ LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
 EXP_TERMS = 11
 EXP_LOWEST, EXP_HIGHEST = -708.0, 709.0  # 2^k stays a normal double
+SHIFTER = 1.5 * 2.0**52  # k + SHIFTER holds k + 2^51 in its low 52 bits, for |k| < 2^51
 # tanh(u) for |u| < 1/4: its odd Taylor series to u^15 (within 2e-13 relative); above, from
 # exp(-2|u|), where 1 - e loses at most 2 bits.
 TANH_SERIES = (
@@ -115,12 +116,15 @@ class _Loop(Formula[Any]):
         b = self.b
         x = b.select(self._below(x, EXP_LOWEST), self.const(EXP_LOWEST), x)
         x = b.select(self._above(x, EXP_HIGHEST), self.const(EXP_HIGHEST), x)
-        k = self._intrinsic("llvm.rint", self.scale(x, LOG2_E))
-        k = b.select(b.fcmp_ordered("ord", k, k), k, self.const(0.0))  # NaN: 2^0, r carries it
+        # k = rint(x / ln 2) as SHIFTER + x / ln 2 - SHIFTER: the sum's low bits hold k, so
+        # 2^k is built from them with integer vector ops (AVX2 has no double -> int64 convert:
+        # LLVM would convert lane by lane). A NaN x gives a NaN r, and the result is NaN.
+        shifted = self.shift(self.scale(x, LOG2_E), SHIFTER)
+        k = self.sub(shifted, self.const(SHIFTER))
         r = self.sub(self.sub(x, self.scale(k, LN2_HI)), self.scale(k, LN2_LO))
         taylor = self.polynomial(r, tuple(1.0 / math.factorial(n) for n in range(EXP_TERMS)))
         int64 = ir.IntType(64)
-        exponent = b.add(b.fptosi(k, int64), ir.Constant(int64, 1023))
+        exponent = b.add(b.bitcast(shifted, int64), ir.Constant(int64, 1023))
         power = b.bitcast(b.shl(exponent, ir.Constant(int64, 52)), self.double)
         return self.mul(taylor, power)
 
