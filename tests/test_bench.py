@@ -402,10 +402,13 @@ def test_the_probe_times_chunks_at_real_time_priority() -> None:
 
 
 def test_the_readme_states_the_limits_the_bench_sets() -> None:
+    from bench.arguments import ROUNDS, SECONDS
     from bench.run import HOST_MATCH, MAX_STEAL
     from bench.speed import PERIOD
 
     readme = " ".join((ROOT / "README.md").read_text().split())
+    passes = {3: "three", 4: "four", 5: "five", 6: "six"}[ROUNDS]
+    assert f"makes {passes} whole passes over every point (`--rounds`), of {SECONDS:g} s" in readme
     assert f"a point taken under more than {MAX_STEAL} cores of steal is measured again" in readme
     assert f"read within {HOST_MATCH:.2f}x of each other" in readme
     assert "(under 1 ms) every half second" in readme and PERIOD == 0.5
