@@ -927,7 +927,8 @@ def write_report(results: Results, out: Path) -> None:
         "reading may depend on the point's load too (in one trial a core never idle read "
         "faster), so only points of one kind compare: "
         "a target's round counts when its two points read within "
-        f"{HOST_MATCH:.2f}x of each other (the rest are shown in brackets)",
+        f"{HOST_MATCH:.2f}x of each other on every CPU either ran on (a 2-worker point's second "
+        "core against its 1-worker twin's one; the rest are shown in brackets)",
         f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`)",

@@ -377,8 +377,14 @@ def test_a_point_reads_the_median_chunk_of_each_cpu_and_two_points_how_far_apart
         host.add(0, float(at), ms)
     assert host.during([0, 1], 1.0, 3.0) == {"0": 1.1}  # the median; CPU 1 is left out
     assert apart({"0": 0.57}, {"0": 0.95}) == apart({"0": 0.95}, {"0": 0.57}) == 0.95 / 0.57
-    assert apart({"0": 1.0, "1": 3.0}, {"0": 1.5}) == 1.5  # only the CPUs both read
-    assert apart({"0": 1.0}, {"1": 1.0}) is None and apart({}, {}) is None
+    # a CPU only one point read, against every CPU the other read: a 2-worker point's second
+    # core against its 1-worker twin's one
+    assert apart({"0": 1.0, "1": 3.0}, {"0": 1.5}) == apart({"0": 1.5}, {"0": 1.0, "1": 3.0}) == 2
+    assert apart({"0": 1.0, "1": 1.1}, {"0": 1.05}) == 1.05
+    assert apart({"0": 1.0, "1": 3.0}, {"0": 1.0, "1": 3.0}) == 1.0  # CPU by CPU when both read it
+    assert apart({"0": 1.0}, {"1": 1.2}) == 1.2
+    assert apart({"0": 1.0}, {}) is None and apart({}, {}) is None
+    assert apart({"0": 0.0}, {"0": 1.0}) is None  # a reading of 0 is none
 
 
 def test_the_probe_times_chunks_at_real_time_priority() -> None:
