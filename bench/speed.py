@@ -136,7 +136,7 @@ def apart(a: dict[str, float], b: dict[str, float]) -> float | None:
 
     The second part is for a point on more CPUs than its twin: a 2-worker point's two cores
     against the 1-worker twin's one, which stands for a core as fast as each of the two. The
-    two vCPUs are not always at one speed: in the run of 2026-11-26 06:30, one pass's 2-worker
+    two vCPUs are not always at one speed: in the run committed in c1ffe45, one pass's 2-worker
     point read 0.58 ms on CPU 0 and 0.95 on CPU 1, its twin 0.57 on CPU 0; compared on CPU 0
     alone, that pass counted, at 1.38x, beside 1.42-1.80x in the passes read at one speed."""
     a = {cpu: ms for cpu, ms in a.items() if ms > 0}
