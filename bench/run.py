@@ -313,8 +313,8 @@ def probe_text(row: dict[str, Any]) -> str:
 
 def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per scenario and concurrency: the round of median requests/s (the lower
-    middle one for an even count), with every round's requests/s in ``rounds_rps`` and the
-    errors of all rounds together in ``rounds_errors``."""
+    middle one for an even count), with every round's requests/s in ``rounds_rps`` and p99 in
+    ``rounds_p99_ms``, and the errors of all rounds together in ``rounds_errors``."""
     taken: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         taken.setdefault((row["scenario"], row["concurrency"]), []).append(row)
@@ -325,6 +325,7 @@ def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kept.append({
             **median,
             "rounds_rps": [r["rps"] for r in measured],
+            "rounds_p99_ms": [r["p99_ms"] for r in measured],
             "rounds_errors": sum(r["errors"] for r in measured),
             "rounds_host_ms": [r.get("host_ms", {}) for r in measured],
         })  # fmt: skip
@@ -714,17 +715,24 @@ def drive_order(groups: list[list[T]], round_index: int, rounds: int) -> list[T]
     return [s for g in groups[shift:] + groups[:shift] for s in (g[::-1] if flip else g)]
 
 
-def by_round(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[float, float | None]]:
-    """a's requests/s over b's within each round, with how far apart the host's speed was
-    for the two (``bench.speed.apart``; None if unread): each pass drives both a minute or two
-    apart (batching on and off one right after the other), so a slow spell of the shared
-    machine that spans the two cancels out, and the probe tells the spells that did not."""
-    unread: list[dict[str, float]] = [{}] * len(a.get("rounds_rps", [a["rps"]]))
+def by_round(
+    a: dict[str, Any], b: dict[str, Any], measure: str = "rps"
+) -> list[tuple[float, float | None]]:
+    """a's ``measure`` (requests/s, or ``p99_ms``) over b's within each round, with how far
+    apart the host's speed was for the two (``bench.speed.apart``; None if unread): each pass
+    drives both a minute or two apart (batching on and off one right after the other), so a
+    slow spell of the shared machine that spans the two cancels out, and the probe tells the
+    spells that did not. A row without each round's ``measure`` (a report written before it
+    was kept) gives its median point's, unread."""
+    rounds = f"rounds_{measure}"
+    if rounds not in a or rounds not in b:
+        return [(a[measure] / b[measure], None)]
+    unread: list[dict[str, float]] = [{}] * len(a[rounds])
     return [
         (x / y, apart(p, q))
         for x, y, p, q in zip(
-            a.get("rounds_rps", [a["rps"]]),
-            b.get("rounds_rps", [b["rps"]]),
+            a[rounds],
+            b[rounds],
             a.get("rounds_host_ms", unread),
             b.get("rounds_host_ms", unread),
             strict=True,
@@ -752,11 +760,18 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         share: bool = False,
         unit: Callable[[dict[str, Any]], float] = lambda row: float(row["rps"]),
         units: str = "req/s",
+        spec: str = ".0f",
+        measure: str = "rps",
+        at_most: bool = False,
     ) -> None:
-        """A row for a against b, when both were measured; a share is shown in per cent."""
+        """A row for a against b, when both were measured; a share is shown in per cent. The
+        ratio is of ``measure`` (``by_round``), and met at ``goal`` or above (``at_most``: at
+        ``goal`` or below)."""
         if not (a and b):
             return
-        rounds = [(ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b)]
+        rounds = [
+            (ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b, measure)
+        ]
         alike = [ratio for ratio, _, counted in rounds if counted]
         middle = statistics.median(alike or [ratio for ratio, _, _ in rounds])
         form = "{:.0%}" if share else "{:.2f}x"
@@ -768,10 +783,10 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         ]
         unmatched = "" if alike else "; no round read the host at one speed, all counted"
         measured = (
-            f"{form.format(middle)} ({unit(a):.0f} / {unit(b):.0f} {units}; "
+            f"{form.format(middle)} ({unit(a):{spec}} / {unit(b):{spec}} {units}; "
             f"by round {' / '.join(shown)}{unmatched})"
         )
-        rows.append((name, measured, middle >= goal))
+        rows.append((name, measured, middle <= goal if at_most else middle >= goal))
 
     def http(scenario: str, c: int = top) -> dict[str, Any]:
         return results.find(results.http, scenario, c)
@@ -783,13 +798,9 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
                 TARGET_FLOOR_RATIO, share=True)  # fmt: skip
         compare(f"{kind} at c={top} against the floor served as the service serves (no target: "
                 "the app's share alone)", row, served, 0.0, share=True)  # fmt: skip
-        if row and floor:
-            tail = row["p99_ms"] / floor["p99_ms"]
-            rows.append((
-                f"{kind} at c={top}: p99 <= {TARGET_TAIL_VS_FLOOR:g}x the floor's p99",
-                f"{tail:.2f}x ({row['p99_ms']:.1f} / {floor['p99_ms']:.1f} ms)",
-                tail <= TARGET_TAIL_VS_FLOOR,
-            ))  # fmt: skip
+        compare(f"{kind} at c={top}: p99 <= {TARGET_TAIL_VS_FLOOR:g}x the floor's p99", row, floor,
+                TARGET_TAIL_VS_FLOOR, unit=lambda r: float(r["p99_ms"]), units="ms", spec=".1f",
+                measure="p99_ms", at_most=True)  # fmt: skip
         for c in concurrencies:
             compare(f"{kind} at c={c}: batching on >= off", http(f"{kind} predict, batching on", c),
                     http(f"{kind} predict, batching off", c), 1.0)  # fmt: skip
