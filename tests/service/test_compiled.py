@@ -173,10 +173,10 @@ def test_a_failed_compile_serves_on_the_graphs(monkeypatch, caplog) -> None:
     listing and the log say why."""
     import service.activations
 
-    def failing(formulas: object) -> None:
+    def failing() -> None:
         raise RuntimeError("LLVM ERROR: no target for this CPU")
 
-    monkeypatch.setattr(service.activations, "CompiledKernels", failing)
+    monkeypatch.setattr(service.activations, "compiled_kernels", failing)
     evaluator = accuracy.evaluator()
     assert evaluator.compiled is None
     assert evaluator.accurate == (
@@ -191,5 +191,6 @@ def test_a_failed_compile_serves_on_the_graphs(monkeypatch, caplog) -> None:
 def test_the_evaluator_compiles_once_for_every_function() -> None:
     evaluator = accuracy.evaluator()
     assert isinstance(evaluator, ActivationEvaluator) and evaluator.compiled is not None
+    assert accuracy.evaluator().compiled is evaluator.compiled  # once per process
     assert evaluator.accurate.startswith(f"compiled for {evaluator.compiled.cpu}")
     assert not any(kernel == ACCURATE for _, _, kernel in evaluator.sessions)
