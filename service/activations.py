@@ -346,17 +346,26 @@ def _builder(activation: Activation, derivative: bool) -> Builder:
     return activation.derivative if derivative else activation.forward
 
 
+# (name, derivative, kernel) of every function the endpoint evaluates.
+FUNCTIONS = tuple(
+    (name, derivative, kernel)
+    for name, activation in ACTIVATIONS.items()
+    for derivative in (False, True)
+    for kernel in kernels(activation, derivative)
+)
+
+
 @cache
 def compiled_kernels() -> CompiledKernels:
     """Every function's and derivative's accurate kernel, compiled for this CPU once per
-    process (about 0.3 s of LLVM): every evaluator a process builds shares the machine code,
-    which depends on nothing but the formulas above and the CPU. Raises what LLVM raises."""
+    process (a quarter of a second of LLVM here): every evaluator a process builds shares the
+    machine code, which depends on nothing but the formulas above and the CPU. Raises what LLVM
+    raises."""
     return CompiledKernels(
         {
-            (name, derivative): _builder(activation, derivative)
-            for name, activation in ACTIVATIONS.items()
-            for derivative in (False, True)
-            if ACCURATE in kernels(activation, derivative)
+            (name, derivative): _builder(ACTIVATIONS[name], derivative)
+            for name, derivative, kernel in FUNCTIONS
+            if kernel == ACCURATE
         }
     )
 
@@ -402,13 +411,7 @@ class ActivationEvaluator:
     def __init__(self, sessions: SessionFactory, compile: bool = True) -> None:
         self.sessions: dict[tuple[str, bool, str], ort.InferenceSession] = {}
         self.providers: list[str] = []
-        self.functions = [
-            (name, derivative, kernel)
-            for name, activation in ACTIVATIONS.items()
-            for derivative in (False, True)
-            for kernel in kernels(activation, derivative)
-        ]
-        for name, derivative, kernel in self.functions:
+        for name, derivative, kernel in FUNCTIONS:
             if kernel == NATIVE:
                 self._session(sessions, name, derivative, kernel)
         self.compiled: CompiledKernels | None = None
@@ -421,7 +424,7 @@ class ActivationEvaluator:
                 why_not = f"compiling failed: {exc}"
                 logger.warning("activations: %s; the accurate kernel runs as graphs", why_not)
         if why_not is not None:
-            for name, derivative, kernel in self.functions:
+            for name, derivative, kernel in FUNCTIONS:
                 if kernel == ACCURATE:
                     self._session(sessions, name, derivative, kernel)
             self.accurate = f"onnxruntime float64 graphs ({why_not})"
@@ -460,5 +463,5 @@ class ActivationEvaluator:
         x = np.linspace(-8.0, 8.0, size, dtype=np.float32)
         return max(
             median_us(partial(self.evaluate, name, x, derivative, kernel))
-            for name, derivative, kernel in self.functions
+            for name, derivative, kernel in FUNCTIONS
         )
