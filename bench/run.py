@@ -758,7 +758,7 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         b: dict[str, Any],
         goal: float,
         share: bool = False,
-        unit: Callable[[dict[str, Any]], float] = lambda row: float(row["rps"]),
+        unit: Callable[[dict[str, Any]], float] | None = None,
         units: str = "req/s",
         spec: str = ".0f",
         measure: str = "rps",
@@ -766,9 +766,13 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     ) -> None:
         """A row for a against b, when both were measured; a share is shown in per cent. The
         ratio is of ``measure`` (``by_round``), and met at ``goal`` or above (``at_most``: at
-        ``goal`` or below)."""
+        ``goal`` or below); each point is shown as ``unit`` of its row (default: ``measure``)."""
         if not (a and b):
             return
+
+        def value(row: dict[str, Any]) -> float:
+            return unit(row) if unit is not None else float(row[measure])
+
         rounds = [
             (ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b, measure)
         ]
@@ -783,7 +787,7 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         ]
         unmatched = "" if alike else "; no round read the host at one speed, all counted"
         measured = (
-            f"{form.format(middle)} ({unit(a):{spec}} / {unit(b):{spec}} {units}; "
+            f"{form.format(middle)} ({value(a):{spec}} / {value(b):{spec}} {units}; "
             f"by round {' / '.join(shown)}{unmatched})"
         )
         rows.append((name, measured, middle <= goal if at_most else middle >= goal))
@@ -799,8 +803,8 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
         compare(f"{kind} at c={top} against the floor served as the service serves (no target: "
                 "the app's share alone)", row, served, 0.0, share=True)  # fmt: skip
         compare(f"{kind} at c={top}: p99 <= {TARGET_TAIL_VS_FLOOR:g}x the floor's p99", row, floor,
-                TARGET_TAIL_VS_FLOOR, unit=lambda r: float(r["p99_ms"]), units="ms", spec=".1f",
-                measure="p99_ms", at_most=True)  # fmt: skip
+                TARGET_TAIL_VS_FLOOR, units="ms", spec=".1f", measure="p99_ms",
+                at_most=True)  # fmt: skip
         for c in concurrencies:
             compare(f"{kind} at c={c}: batching on >= off", http(f"{kind} predict, batching on", c),
                     http(f"{kind} predict, batching off", c), 1.0)  # fmt: skip
