@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_GAP, Batcher, Runs, next_probe
+from service.batching import PROBE_GAP, Batcher, Deadline, Runs, next_probe
+from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
@@ -172,6 +173,76 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     assert recorder.sizes[:lone] == [1] * lone
     assert sum(recorder.sizes) == lone + 8 * (PROBE_GAP // 8 + 2)  # every sample computed once
     assert recorder.sizes[-2:] == [8, 8]  # the bursts are one run each again
+
+
+async def after(iterations: int, coro_factory):
+    """``coro_factory()`` awaited after ``iterations`` turns of the event loop."""
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+    return await coro_factory()
+
+
+def test_zero_delay_gathers_while_requests_keep_coming(model, monkeypatch) -> None:
+    """Inline, with no queue delay, a batch waits one more loop iteration for as long as the
+    last brought more requests: requests arriving in four iterations in a row share one run;
+    one arriving after an iteration that brought none is a batch of its own."""
+    recorder = Recorder(model, monkeypatch)
+    arrivals = [0, 0, 1, 2, 5]  # the loop iteration each request comes in
+
+    async def scenario():
+        batcher = started(model, 64, 0, inline=True)
+        results = await asyncio.gather(*(
+            after(n, lambda i=i: batcher.infer({"input": DIGITS[i : i + 1]}))
+            for i, n in enumerate(arrivals)
+        ))  # fmt: skip
+        await batcher.stop()
+        return results
+
+    results = run(scenario())
+    assert recorder.sizes == [4, 1]
+    direct = model.infer({"input": DIGITS[:5]})["probabilities"]
+    for i, result in enumerate(results):  # each request its own row, in order
+        np.testing.assert_allclose(result["probabilities"], direct[i : i + 1], rtol=1e-6)
+
+
+def test_zero_delay_gathering_stops_at_the_maximum_size(model, monkeypatch) -> None:
+    """The batch a request leads stops gathering when the queue is full: the request that
+    fills it runs it, and the leader then runs what came after; no run exceeds the maximum
+    and every sample is computed once."""
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = started(model, 4, 0, inline=True)
+        await asyncio.gather(*(
+            after(n, lambda: batcher.infer({"input": DIGITS[:1]})) for n in (0, 0, 1, 1, 2, 2)
+        ))  # fmt: skip
+        await batcher.stop()
+
+    run(scenario())
+    assert max(recorder.sizes) <= 4 and sum(recorder.sizes) == 6 and len(recorder.sizes) == 2
+
+
+def test_an_inline_request_whose_deadline_passed_while_gathering_fails(model, monkeypatch) -> None:
+    """Inline requests have no timer: one whose deadline passed while its batch gathered is
+    failed as it is taken into the batch, not run late; the others run."""
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        batcher = started(model, 64, 0, inline=True)
+        passed = Deadline(time.perf_counter_ns() - 10**9, 1)
+        results = await asyncio.gather(
+            batcher.infer({"input": DIGITS[:1]}),
+            batcher.infer({"input": DIGITS[:2]}, deadline=passed),
+            batcher.infer({"input": DIGITS[:3]}),
+            return_exceptions=True,
+        )
+        await batcher.stop()
+        return results
+
+    first, late, third = run(scenario())
+    assert isinstance(late, OverloadedError) and "request timeout expired" in str(late)
+    assert first["logits"].shape == (1, 10) and third["logits"].shape == (3, 10)
+    assert recorder.sizes == [4]  # the late request was never computed
 
 
 def probes(alone: int) -> bool:
