@@ -269,9 +269,9 @@ class Batcher:
         """Whether requests are queued after this one, first of a batch, gives them their turn
         on the loop: the queue delay; with none, one iteration, then one more for as long as
         the last brought more requests and the batch is not full. Under load, the requests of
-        the connections in flight are parsed over a few iterations, not one: at c=64 on the
-        small model, one iteration gathered about 21 of them and this about 62, in a third of
-        the runs (docs/benchmarks.md). Each iteration waited for after the first has parsed
+        the connections in flight are parsed over a few iterations, not one: in ``make bench``
+        at c=64 on the small model, batches held 18-23 requests with one iteration and 37-63
+        with this (docs/benchmarks.md's ``mean batch``, before and after). Each iteration waited for after the first has parsed
         more requests, so the loop never idles for a batch, and the wait ends within
         ``max_batch_size`` samples; a lone client, whose first iteration brings no company,
         waits that one alone.
