@@ -1,7 +1,8 @@
 """Dynamic batching: concurrent requests for one model gathered into one onnxruntime run.
 
 As Triton's dynamic batcher: a batch closes when it holds ``max_batch_size`` samples or when its
-first request has waited ``max_queue_delay_us``; requests are concatenated along the batch axis
+first request has waited ``max_queue_delay_us`` (with no delay, an inline batch waits only
+while requests keep arriving, below); requests are concatenated along the batch axis
 and the outputs split back in order. A request whose client has gone (its future cancelled) is
 dropped before the run and never disturbs the others; when a run fails, every request in it gets
 the error.
