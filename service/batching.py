@@ -271,11 +271,12 @@ class Batcher:
         on the loop: the queue delay; with none, one iteration, then one more for as long as
         the last brought more requests and the batch is not full. Under load, the requests of
         the connections in flight are parsed over a few iterations, not one: in ``make bench``
-        at c=64 on the small model, batches held 18-23 requests with one iteration and 37-63
-        with this (docs/benchmarks.md's ``mean batch``, before and after). Each iteration
-        waited for after the first has parsed more requests, so the loop never idles for a
-        batch, and the wait ends within ``max_batch_size`` samples; a lone client, whose first
-        iteration brings no company, waits that one alone.
+        at c=64 on the small model, V1's and V2's mean batch was 18-23 with one iteration (the
+        run of 2026-11-26 09:15 UTC in docs/benchmarks.md's history) and 25-63 with this (those
+        of 13:41 and 14:23). Each iteration waited for after the first has parsed more
+        requests, so the loop never idles for a batch, and the wait ends within
+        ``max_batch_size`` samples; a lone client, whose first iteration brings no company,
+        waits that one alone.
 
         Cancelled meanwhile, it runs what is queued before it leaves. A lone request that was
         not queued then runs without a future or a queue entry: that bookkeeping costs more
