@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers loadtest protos clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool loadtest protos clean
 
 install: $(VENV)/.installed
 
@@ -81,6 +81,11 @@ bench: install tools fashion-mnist
 # The same run with MLServer and BentoML beside it, each installed once into .bench-peers/.
 bench-peers:
 	$(MAKE) bench BENCH_FLAGS=--peers
+
+# Earlier runs of one serving code judged together, every pass of each (bench/pool.py): the
+# runs kept in docs/runs/ (a run's docs/benchmarks.json, copied there), measuring nothing.
+bench-pool: install
+	$(BIN)/gelu-serve bench --pool docs/runs/*.json
 
 # A headless Locust run against a service already running on HOST:PORT (`make run`).
 loadtest: install

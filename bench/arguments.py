@@ -44,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "bench-peers`)",
     )
     parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="RUN.json",
+        help="measure nothing: judge the targets over every pass of these earlier runs' "
+        "benchmarks.json together, written to benchmarks-pooled.md (bench/pool.py)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="a few seconds: no larger model and no 2-worker runs, for the tests",

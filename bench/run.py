@@ -64,6 +64,8 @@ PEERS = (PEER_MLSERVER, PEER_BENTOML)
 MAX_STEAL = 0.15  # cores; a point taken under more is measured again
 HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
 ATTEMPTS = 3
+# What a run measures; a change elsewhere (docs, README, tests) leaves it the commit's run.
+CODE = ("service", "bench", "contract", "export", "models", "cli.py", "pyproject.toml")
 T = TypeVar("T")
 
 
@@ -108,6 +110,9 @@ class Server:
     cpus: set[int]
     grpc: str | None = None  # host:port of its gRPC face, if it has one
     batches: bool = False  # the service: its /metrics counts the samples and runs of batches
+
+
+Scenario = tuple[str, Server, Request]  # a point's name, the server driven and the request
 
 
 def batch_totals(target: Server) -> tuple[float, float]:
@@ -296,6 +301,7 @@ def measure(
             cpu_us_per_request=usage.server_cores / row["rps"] * 1e6 if row["rps"] else 0.0,
             preempted_per_request=usage.preemptions / row["requests"] if row["requests"] else 0.0,
             host_ms=host_ms,
+            server_pid=target.pid,
         )
         if not best or usage.steal_cores < best["steal_cores"]:
             best = row
@@ -328,6 +334,7 @@ def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "rounds_p99_ms": [r["p99_ms"] for r in measured],
             "rounds_errors": sum(r["errors"] for r in measured),
             "rounds_host_ms": [r.get("host_ms", {}) for r in measured],
+            "rounds_server_pid": [r["server_pid"] for r in measured],
         })  # fmt: skip
     return kept
 
@@ -440,7 +447,22 @@ def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
         "activation_values": args.activation_values,
+        "commit": revision(),
     }
+
+
+def revision() -> str | None:
+    """The checkout's short commit, with "+changes" when the code differs from it; None
+    outside a git checkout."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return None
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return head.stdout.strip() + ("+changes" if changed.strip() else "")
 
 
 def activation_requests(values: int) -> dict[str, Request]:
@@ -557,6 +579,7 @@ def run(args: argparse.Namespace) -> Results:
         "GELU_DRAIN_SECONDS": "0",
         "GELU_GRPC_PORT": "0",
     }
+    on_env, off_env = ({**base_env, "GELU_BATCHING": flag} for flag in ("true", "false"))
     naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
     service, ready = SERVICE_APP, "/v2/health/ready"
 
@@ -576,9 +599,10 @@ def run(args: argparse.Namespace) -> Results:
             flush=True,
         )
 
-    # One process each, on one core, all started at once (paused when not driven); at each
-    # concurrency every scenario is driven back to back, so each ratio compares runs taken
-    # within a minute or two, and batching on and off of one protocol one right after the other.
+    # One process each, on one core (paused when not driven): the floors, the naive app and the
+    # peers for the whole run, the service's servers for one pass each; at each concurrency
+    # every scenario is driven back to back, so each ratio compares runs taken within a minute
+    # or two, and batching on and off of one protocol one right after the other.
     cpus, workers = args.server_cpus, 1
     model_file = repository / SMALL / "1" / "model.onnx"
     small_config = load_model_config((repository / SMALL / "config.pbtxt").read_text())
@@ -588,6 +612,39 @@ def run(args: argparse.Namespace) -> Results:
         if args.peers
         else nullcontext(no_peers)
     )
+
+    def paired(
+        on: Server, off: Server, again: Server
+    ) -> tuple[list[list[Scenario]], list[Scenario]]:
+        """The service's scenarios, in groups driven one right after the other (batching on and
+        off of one protocol, in the other order every other pass: their ratio, the closest call
+        of the targets at c=1, is taken between points seconds apart, and a drift of the
+        machine's speed favours neither; V1's group drives a second batching-off server too,
+        OFF_AGAIN), and as the report lists them: every "on" row, then every "off" one."""
+        states = (("on", on), ("off", off))
+        pairs = [
+            [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
+            for k in small
+        ]
+        twin = (OFF_AGAIN, again, small["v1"])
+        listed = [pair[0] for pair in pairs] + [pair[1] for pair in pairs] + [twin]
+        pairs[list(small).index("v1")].append(twin)
+        if not args.smoke:
+            pairs.append([
+                (f"{large} v2-binary, batching on", on, big["v2-binary"]),
+                (f"{large} v2-binary, batching off", off, big["v2-binary"]),
+            ])  # fmt: skip
+            listed += pairs[-1]
+        return pairs, listed
+
+    def warm(scenarios: list[Scenario]) -> None:
+        """One unrecorded second for each server, with the first of its scenarios."""
+        warmed: set[str] = set()
+        for _, target, request in scenarios:
+            if target.url not in warmed:
+                drive(target, request, 8, 1, args.client_cpu)
+                warmed.add(target.url)
+
     # The host's speed on every CPU, measured beside every point (bench.speed); only while
     # servers are driven: the in-process measurements after run on the client CPU.
     with host:
@@ -596,9 +653,6 @@ def run(args: argparse.Namespace) -> Results:
             server("bench.floor:create_app", {}, workers, cpus, "/docs") as floor,
             floor_as_served(cpus) as floor_served,
             server("bench.naive:create_app", naive_env, workers, cpus, "/ready") as naive,
-            server(service, {**base_env, "GELU_BATCHING": "true"}, workers, cpus, ready) as on,
-            server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as off,
-            server(service, {**base_env, "GELU_BATCHING": "false"}, workers, cpus, ready) as again,
             grpc_floor(cpus) as floor_grpc,
         ):
             floor_request = Request("/floor", small["v1"].body, small["v1"].headers)
@@ -614,61 +668,47 @@ def run(args: argparse.Namespace) -> Results:
                     (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
                     (f"{PEER_BENTOML}", others["bentoml"], bento_request),
                 ]
-            # Batching on and off of one protocol are driven one right after the other, in the
-            # other order every other pass: their ratio, the closest call of the targets at c=1,
-            # is taken between points seconds apart, and a drift of the machine's speed favours
-            # neither. V1's group drives a second batching-off server too (OFF_AGAIN). The report
-            # lists every "on" row, then every "off" one.
-            states = (("on", on), ("off", off))
-            pairs = [
-                [(f"{k} predict, batching {state}", target, small[k]) for state, target in states]
-                for k in small
-            ]
-            twin = (OFF_AGAIN, again, small["v1"])
-            pairs[list(small).index("v1")].append(twin)
-            scenarios = alone + [pair[0] for pair in pairs] + [pair[1] for pair in pairs] + [twin]
-            if not args.smoke:
-                pairs.append([
-                    (f"{large} v2-binary, batching on", on, big["v2-binary"]),
-                    (f"{large} v2-binary, batching off", off, big["v2-binary"]),
-                ])  # fmt: skip
-                scenarios += pairs[-1]
-            groups = [[s] for s in alone] + pairs
-            warmed: set[str] = set()
-            for _, target, request in scenarios:  # one unrecorded second per server first
-                if target.url not in warmed:
-                    drive(target, request, 8, 1, args.client_cpu)
-                    warmed.add(target.url)
+            warm(alone)
             for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
-                driven = drive_order(groups, round_index, args.rounds)
-                for c in concurrencies:
-                    for name, target, request in driven:
-                        point(name, target, request, c, results.http)
-                for c in (1, 4):
-                    point("echo floor", floor, activation["echo"], c, results.activations)
-                    point(ECHO_AS_SERVED, floor_served, activation["echo"], c, results.activations)
-                    point("gelu, float32 binary", on, activation["binary"], c, results.activations)
-                    point(
-                        "gelu native, float32 binary",
-                        on,
-                        activation["native"],
-                        c,
-                        results.activations,
-                    )
-                point("gelu, JSON", on, activation["json"], 1, results.activations)
+                # The service's three servers start afresh for each pass. Two identical servers
+                # differ by a few per cent for as long as both run, more than batching on and off
+                # do at c=1: ten fresh pairs of batching-off servers at c=1, six passes of 3 s
+                # each, had medians of 0.90-1.02x (2026-11-26). A pass with its own processes
+                # makes that difference one more pass's noise, which the median over the passes
+                # (and over runs, bench.pool) averages, instead of a bias of the whole run.
+                with (
+                    server(service, on_env, workers, cpus, ready) as on,
+                    server(service, off_env, workers, cpus, ready) as off,
+                    server(service, off_env, workers, cpus, ready) as again,
+                ):
+                    pairs, listed = paired(on, off, again)
+                    scenarios = alone + listed
+                    warm(listed)
+                    driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)
+                    for c in concurrencies:
+                        for name, target, request in driven:
+                            point(name, target, request, c, results.http)
+                    for c in (1, 4):
+                        point("echo floor", floor, activation["echo"], c, results.activations)
+                        point(ECHO_AS_SERVED, floor_served, activation["echo"], c,
+                              results.activations)  # fmt: skip
+                        point("gelu, float32 binary", on, activation["binary"], c,
+                              results.activations)  # fmt: skip
+                        point("gelu native, float32 binary", on, activation["native"], c,
+                              results.activations)  # fmt: skip
+                    point("gelu, JSON", on, activation["json"], 1, results.activations)
         if not args.smoke:  # two processes and wrk, all free to use every core
             port, port_off = _free_port(), _free_port()
             serve_two, serve_two_off = (
                 [sys.executable, "-m", "cli", "serve", "--port", str(p), "--workers", "2"]
                 for p in (port, port_off)
             )
-            off_env = {**base_env, "GELU_BATCHING": "false"}
             # Each 2-worker server beside a 1-worker twin, pinned as the rest, driven one right
             # after the other in each pass (in the other order every other pass): the ratio of two
             # against one is taken seconds apart, not a quarter of an hour.
             with (
                 serve(serve_two, base_env, every_cpu, port, ready, settle=1.0) as started,
-                server(service, {**base_env, "GELU_BATCHING": "true"}, 1, cpus, ready) as one,
+                server(service, on_env, 1, cpus, ready) as one,
                 serve(serve_two_off, off_env, every_cpu, port_off, ready, settle=1.0) as two_off,
                 server(service, off_env, 1, cpus, ready) as one_off,
                 server("bench.naive:create_app", naive_env, 2, every_cpu, "/ready") as naive_two,
@@ -921,6 +961,7 @@ def write_report(results: Results, out: Path) -> None:
         "",
         f"- command: `{env['command']}`",
         f"- date: {env['date']}",
+        f"- revision: {env.get('commit') or 'not recorded'}",
         f"- machine: {env['machine']}",
         f"- versions: Python {env['python']}, onnxruntime {env['onnxruntime']}, "
         f"FastAPI {env['fastapi']}, uvicorn {env['uvicorn']}, {env['wrk']}",
@@ -946,7 +987,10 @@ def write_report(results: Results, out: Path) -> None:
         "core against its 1-worker twin's one; the rest are shown in brackets)",
         f"- {env.get('rounds', 1)} round(s): the whole pass over every scenario and "
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
-        "each point reports its round of median req/s (all rounds in `rounds`)",
+        "each point reports its round of median req/s (all rounds in `rounds`). The service's "
+        "three servers of the 1-worker rows (batching on, off, and off again) are new processes "
+        "in each pass: two identical servers can differ by a few per cent for as long as both "
+        "run",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart (batching "
@@ -1105,15 +1149,25 @@ def plot(results: Results, path: Path) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    """Measure, write the report, print each target as met or missed."""
-    results = run(args)
-    write_report(results, args.out)
-    if args.out.resolve() == (ROOT / "docs").resolve() and not args.smoke:
-        README.write_text(replace_block(README.read_text(), README_BLOCK, readme_block(results)))
-        print(f"updated the targets in {README}")
-    for target, measured, met in targets(results, results.environment["large_model"]):
+    """Measure, write the report, print each target as met or missed; with ``--pool``, judge
+    earlier runs' passes together instead (``bench.pool``), measuring nothing."""
+    if args.pool:
+        from bench import pool
+
+        rows = pool.report(args.pool, args.out)
+        written = f"{args.out}/benchmarks-pooled.md"
+    else:
+        results = run(args)
+        write_report(results, args.out)
+        if args.out.resolve() == (ROOT / "docs").resolve() and not args.smoke:
+            block = readme_block(results)
+            README.write_text(replace_block(README.read_text(), README_BLOCK, block))
+            print(f"updated the targets in {README}")
+        rows = targets(results, results.environment["large_model"])
+        written = f"{args.out}/benchmarks.md, benchmarks.json, benchmarks.png"
+    for target, measured, met in rows:
         print(f"{'met ' if met else 'MISS'} {target}: {measured}")
-    print(f"wrote {args.out}/benchmarks.md, benchmarks.json, benchmarks.png")
+    print(f"wrote {written}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,11 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         off = driven_pass.index("v1 predict, batching off")
         assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
+    # the service's servers are new processes in each pass; the floor's runs throughout
+    pids = {row["scenario"]: row["rounds_server_pid"] for row in report["http"]}
+    assert len(set(pids["v1 predict, batching on"])) == 2, pids
+    assert len(set(pids["v1 predict, batching off, a second server"])) == 2, pids
+    assert len(set(pids["http floor"])) == 1, pids
     from bench.proc import cpu_model
 
     assert f"cores of {cpu_model()}, " in report["environment"]["machine"]
@@ -140,6 +145,17 @@ def test_readme_targets_are_the_committed_run() -> None:
     assert block((ROOT / "README.md").read_text(), README_BLOCK) == expected
 
 
+def test_the_pooled_report_is_the_committed_runs(tmp_path: Path) -> None:
+    """docs/benchmarks-pooled.md is what `make bench-pool` makes of the runs in docs/runs/."""
+    from bench.pool import report
+
+    runs = sorted((ROOT / "docs" / "runs").glob("*.json"))
+    assert len(runs) >= 2, "docs/runs/ keeps the runs the pooled report is made of"
+    report(runs, tmp_path)
+    expected = (tmp_path / "benchmarks-pooled.md").read_text()
+    assert (ROOT / "docs" / "benchmarks-pooled.md").read_text() == expected
+
+
 def test_a_target_is_the_median_of_its_rounds_ratios() -> None:
     """Batching on against off, compared within each pass: on won two passes of three, so the
     target is met, though on's median point (120) is below off's (125)."""
@@ -182,6 +198,59 @@ def test_a_target_is_the_median_of_its_rounds_ratios() -> None:
     assert measured["v1 at c=1: batching on >= off"][0].endswith(
         "; no round read the host at one speed, all counted)"
     )
+
+
+def test_runs_pool_their_passes_into_one_judgement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pooled, a target is the median over every pass of every run: batching on misses in the
+    first run (0.99x) and is met in the second (1.03x), and over their six passes it is met
+    at 1.005x. A point one run lacks is left out, and a run written before the probe's
+    readings were kept pools beside one with them."""
+    from bench.pool import pool
+    from bench.run import Results, main, targets
+
+    def point(scenario: str, rounds: list[float], host: list[float] | None = None) -> dict:
+        row = {"scenario": scenario, "concurrency": 1, "rps": sorted(rounds)[1], "p99_ms": 1.0,
+               "rounds_rps": rounds, "rounds_p99_ms": [1.0] * 3, "errors": 0}  # fmt: skip
+        if host is not None:
+            row["rounds_host_ms"] = [{"0": ms} for ms in host]
+        return row
+
+    def run(date: str, on: list[float], host: list[float] | None, *extra: dict) -> Results:
+        environment = {"date": date, "commit": "abc1234", "command": "make bench",
+                       "rounds": 3, "large_model": "large"}  # fmt: skip
+        rows = [point("v1 predict, batching on", on, host),
+                point("v1 predict, batching off", [100.0] * 3, host), *extra]  # fmt: skip
+        return Results(environment, http=rows, instructions={"batching on": 101.0,
+                                                            "batching off": 100.0})  # fmt: skip
+
+    first = run("day 1", [100.0, 96.0, 99.0], None, point("naive app", [50.0] * 3))
+    second = run("day 2", [104.0, 103.0, 101.0], [0.6, 0.6, 0.6])
+    target = "v1 at c=1: batching on >= off"
+
+    def judged(results: Results) -> tuple[str, bool]:
+        return {t: (shown, met) for t, shown, met in targets(results, "large")}[target]
+
+    assert judged(first) == ("0.99x (99 / 100 req/s; by round 1.00x / 0.96x / 0.99x)", False)
+    assert judged(second)[1]
+    pooled = pool([first, second])
+    assert judged(pooled) == (
+        "1.005x (100 / 100 req/s; by round 1.000x / 0.960x / 0.990x / 1.040x / 1.030x / 1.010x)",
+        True,
+    )
+    assert [r["scenario"] for r in pooled.http] == ["v1 predict, batching on",
+                                                     "v1 predict, batching off"]  # fmt: skip
+    assert pooled.instructions == {"batching on": 101.0, "batching off": 100.0}
+    # as the command runs it: from the runs' benchmarks.json files
+    sources = [tmp_path / "a.json", tmp_path / "b.json"]
+    for source, results in zip(sources, (first, second), strict=True):
+        source.write_text(json.dumps(results.__dict__))
+    main(["--pool", *map(str, sources), "--out", str(tmp_path / "out")])
+    assert f"met  {target}: 1.005x" in capsys.readouterr().out
+    written = (tmp_path / "out" / "benchmarks-pooled.md").read_text()
+    assert "| `a.json` | day 1 | abc1234 | 3 | `make bench` |" in written
+    assert f"| {target} | 1.005x" in written
 
 
 def test_the_tail_target_is_judged_by_round_as_the_ratios_are() -> None:
