@@ -671,11 +671,13 @@ def run(args: argparse.Namespace) -> Results:
             warm(alone)
             for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
                 # The service's three servers start afresh for each pass. Two identical servers
-                # differ by a few per cent for as long as both run, more than batching on and off
-                # do at c=1: ten fresh pairs of batching-off servers at c=1, six passes of 3 s
-                # each, had medians of 0.90-1.02x (2026-11-26). A pass with its own processes
-                # makes that difference one more pass's noise, which the median over the passes
-                # (and over runs, bench.pool) averages, instead of a bias of the whole run.
+                # can differ by more than batching on and off do at c=1, for as long as both
+                # run: ten fresh pairs of batching-off servers at c=1, six passes of 3 s each,
+                # had medians of 0.90-1.02x (2026-11-26). With a pass's own processes, that
+                # difference is one more pass's noise, for the median over the passes (and over
+                # runs, bench.pool) to average, not one pair's for the whole run. It does not
+                # make two identical servers measure alike: the first run so made read its
+                # second batching-off server at 0.93x the first.
                 with (
                     server(service, on_env, workers, cpus, ready) as on,
                     server(service, off_env, workers, cpus, ready) as off,
@@ -989,8 +991,8 @@ def write_report(results: Results, out: Path) -> None:
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`). The service's "
         "three servers of the 1-worker rows (batching on, off, and off again) are new processes "
-        "in each pass: two identical servers can differ by a few per cent for as long as both "
-        "run",
+        "in each pass: two identical servers can differ by more than batching on and off do at "
+        "c=1 for as long as both run",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart (batching "
