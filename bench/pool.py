@@ -20,21 +20,27 @@ from typing import Any
 from bench.run import Results, load_results, targets_table
 
 # A point's figures that are one per pass; pooled, they are concatenated in the runs' order.
-PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms")
+PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms", "rounds_server_pid")
 
 
 def passes(row: dict[str, Any]) -> dict[str, list[Any]]:
     """A point's per-pass figures; a report written before one of them was kept gives its
     median point's figure as its one pass (the probe unread)."""
     count = len(row.get("rounds_rps", [None]))
-    whole = {"rounds_rps": row["rps"], "rounds_p99_ms": row.get("p99_ms"), "rounds_host_ms": {}}
+    whole = {
+        "rounds_rps": row["rps"],
+        "rounds_p99_ms": row.get("p99_ms"),
+        "rounds_host_ms": row.get("host_ms", {}) if count == 1 else {},
+        "rounds_server_pid": row.get("server_pid"),
+    }
     return {key: row.get(key, [whole[key]] * count) for key in PER_PASS}
 
 
 def pool_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The points measured in every run (a target compares two points pass by pass, so both
     must have the same passes), each with the passes of every run. A pooled point shows the
-    pass of median requests/s (the lower of two middles), as a run's point shows its own."""
+    pass of median requests/s (the lower of two middles), with that pass's p99, probe reading
+    and server, as a run's point shows its own."""
     keys = [{(r["scenario"], r["concurrency"]): r for r in rows} for rows in runs]
     pooled = []
     for key, first in keys[0].items():
@@ -48,6 +54,8 @@ def pool_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             **merged,
             "rps": merged["rounds_rps"][middle],
             "p99_ms": merged["rounds_p99_ms"][middle],
+            "host_ms": merged["rounds_host_ms"][middle],
+            "server_pid": merged["rounds_server_pid"][middle],
             "rounds_errors": sum(r.get("rounds_errors", r.get("errors", 0)) for r in rows),
         })  # fmt: skip
     return pooled

@@ -241,6 +241,7 @@ def test_runs_pool_their_passes_into_one_judgement(
     )
     assert [r["scenario"] for r in pooled.http] == ["v1 predict, batching on",
                                                      "v1 predict, batching off"]  # fmt: skip
+    assert pooled.http[0]["rounds_host_ms"] == [{}] * 3 + [{"0": 0.6}] * 3  # unread, then read
     assert pooled.instructions == {"batching on": 101.0, "batching off": 100.0}
     # as the command runs it: from the runs' benchmarks.json files
     sources = [tmp_path / "a.json", tmp_path / "b.json"]
