@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.run import Results, load_results, targets_table
+from bench.run import Results, load_results, targets, targets_table
 
 # A point's figures that are one per pass; pooled, they are concatenated in the runs' order.
 PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms", "rounds_server_pid")
@@ -115,8 +115,6 @@ def write_pooled(results: Results, sources: list[Path], out: Path) -> Path:
 
 def report(sources: list[Path], out: Path) -> list[tuple[str, str, bool]]:
     """Pool the runs in ``sources``, write the report, and return each target's row."""
-    from bench.run import targets
-
     results = pool([load_results(source) for source in sources])
     write_pooled(results, sources, out)
     return targets(results, results.environment["large_model"])
