@@ -677,7 +677,12 @@ def run(args: argparse.Namespace) -> Results:
                 # difference is one more pass's noise, for the median over the passes (and over
                 # runs, bench.pool) to average, not one pair's for the whole run. It does not
                 # make two identical servers measure alike: the first run so made read its
-                # second batching-off server at 0.93x the first.
+                # second batching-off server at 0.93x the first. Nor did two things tried
+                # after, over fresh pairs of batching-off servers at c=1, six passes of 3 s
+                # each (2026-11-26): one memory layout for every server (``setarch -R``,
+                # PYTHONHASHSEED=0; ten pairs, log-ratio sd within a pair 0.104 against 0.087
+                # as started here), and the CPUs kept from idling between requests (a
+                # SCHED_IDLE spinner on each; five pairs, 0.087 against 0.093).
                 with (
                     server(service, on_env, workers, cpus, ready) as on,
                     server(service, off_env, workers, cpus, ready) as off,
