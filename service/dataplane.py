@@ -17,7 +17,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -259,9 +259,19 @@ class DataPlane:
         """Every model in the repository with its versions' states and reasons."""
         return self._repository().index(ready_only)
 
-    async def load_model(self, name: str) -> None:
-        """Load or reload ``name`` (explicit mode only)."""
+    async def load_model(self, name: str, parameters: Iterable[str] = ()) -> None:
+        """Load or reload ``name`` (explicit mode only), as its repository directory holds it.
+        ``parameters`` names the load request's parameters: Triton's overrides, ``config`` and
+        ``file:<path>``, are refused rather than ignored (a client sending them expects the
+        model they describe); any other is ignored."""
         self._check_control()
+        for key in parameters:
+            if key == "config" or key.startswith("file:"):
+                raise BadInputError(
+                    f"load parameter {key!r} is not supported: a model loads from its directory "
+                    "in the model repository (config.pbtxt and the version directories); change "
+                    "the files there and load again"
+                )
         try:
             await self._repository().load(name)
         except ModelLoadError as exc:

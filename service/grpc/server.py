@@ -179,7 +179,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _load(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
         self._authorize(context)
-        await self.plane.load_model(request.model_name)
+        await self.plane.load_model(request.model_name, request.parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def _unload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:

@@ -104,6 +104,14 @@ class RepositoryIndexRequest(BaseModel):
     ready: bool = Field(False, description="only the versions that are ready")
 
 
+class RepositoryControlRequest(BaseModel):
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Triton's load overrides (config, file:<path>) are refused with 400: a "
+        "model loads from its directory in the repository; other parameters are ignored",
+    )
+
+
 class RepositoryIndexEntry(BaseModel):
     name: str
     version: str | None = None
@@ -228,7 +236,9 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str, Any]:
+def request_body(
+    model: type[BaseModel], binary: str | None = None, required: bool = True
+) -> dict[str, Any]:
     """``openapi_extra`` documenting a body that the route parses itself."""
     content: dict[str, Any] = {
         "application/json": {"schema": _inline_refs(model.model_json_schema())}
@@ -237,7 +247,7 @@ def request_body(model: type[BaseModel], binary: str | None = None) -> dict[str,
         content[BINARY_MEDIA_TYPE] = {
             "schema": {"type": "string", "format": "binary", "description": binary}
         }
-    return {"requestBody": {"required": True, "content": content}}
+    return {"requestBody": {"required": required, "content": content}}
 
 
 # What each error status means, wherever an operation can answer it; the body is always

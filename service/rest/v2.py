@@ -17,6 +17,7 @@ from service.rest.schemas import (
     ModelNames,
     ModelReadyResponse,
     ReadyResponse,
+    RepositoryControlRequest,
     RepositoryIndexEntry,
     RepositoryIndexRequest,
     ServerMetadata,
@@ -163,21 +164,21 @@ def authorized_plane(request: Request) -> DataPlane:
     "/v2/repository/index",
     response_model=list[RepositoryIndexEntry],
     responses=responses(400, 401, 503),
-    openapi_extra=request_body(RepositoryIndexRequest),
+    openapi_extra=request_body(RepositoryIndexRequest, required=False),
     tags=["Model repository (Triton)"],
 )
 async def repository_index(request: Request) -> Response:
     """Every model in the repository, each version's state and the reason it is unavailable."""
-    plane = authorized_plane(request)
-    body = await request.body()
-    payload = codecs.loads(body) if body.strip() else {}
-    if not isinstance(payload, dict) or not isinstance(payload.get("ready", False), bool):
-        raise BadInputError('body must be a JSON object {"ready": true|false}')
-    return _json(plane.repository_index(payload.get("ready", False)))
+    plane, shape = authorized_plane(request), '{"ready": true|false}'
+    ready = (await _optional_object(request, shape)).get("ready", False)
+    if not isinstance(ready, bool):
+        raise BadInputError(f"body must be a JSON object {shape}")
+    return _json(plane.repository_index(ready))
 
 
 @router.post(
     "/v2/repository/models/{name}/load",
+    openapi_extra=request_body(RepositoryControlRequest, required=False),
     responses=responses(400, 401, 404, 503),
     tags=["Model repository (Triton)"],
 )
@@ -185,17 +186,37 @@ async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
     plane = authorized_plane(request)
-    await plane.load_model(name)
+    await plane.load_model(name, await _control_parameters(request))
     return _json({})
 
 
 @router.post(
     "/v2/repository/models/{name}/unload",
+    openapi_extra=request_body(RepositoryControlRequest, required=False),
     responses=responses(401, 404, 503),
     tags=["Model repository (Triton)"],
 )
 async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
     plane = authorized_plane(request)
+    await _control_parameters(request)  # unload_dependents: no model here has dependents
     await plane.unload_model(name)
     return _json({})
+
+
+async def _control_parameters(request: Request) -> dict[str, object]:
+    """The parameters of a load or unload request."""
+    shape = '{"parameters": {...}}'
+    parameters = (await _optional_object(request, shape)).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise BadInputError(f"body must be a JSON object {shape}")
+    return parameters
+
+
+async def _optional_object(request: Request, shape: str) -> dict[str, object]:
+    """A repository request's body, which is optional: a JSON object ({} when empty)."""
+    body = await request.body()
+    payload = codecs.loads(body) if body.strip() else {}
+    if not isinstance(payload, dict):
+        raise BadInputError(f"body must be a JSON object {shape}")
+    return payload

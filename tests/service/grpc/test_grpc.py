@@ -96,6 +96,10 @@ def test_tritonclient_every_method(server: Server) -> None:
     assert not client.is_model_ready("digits-mlp-tanh")
     client.load_model("digits-mlp-tanh")
     assert client.is_model_ready("digits-mlp-tanh")
+    with pytest.raises(InferenceServerException, match="'config' is not supported") as refused:
+        client.load_model("digits-mlp-tanh", config='{"max_batch_size": 8}')
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert client.is_model_ready("digits-mlp-tanh")
     with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
         client.infer("nope", [tensor])
 

@@ -46,7 +46,22 @@ def test_explicit_mode_over_http(explicit: TestClient) -> None:
     assert explicit.post("/v2/repository/models/digits-mlp-tanh/load").status_code == 200
     assert predict(explicit, "digits-mlp-tanh") == 200
     assert explicit.get("/v2/models/digits-mlp-tanh/ready").status_code == 200
-    assert explicit.post("/v2/repository/models/digits-mlp/unload").status_code == 200
+    load, unload = (f"/v2/repository/models/digits-mlp-tanh/{a}" for a in ("load", "unload"))
+    # Triton's overrides are refused, not ignored: the model stays as the repository holds it
+    for key in ("config", "file:1/model.onnx"):
+        response = explicit.post(load, json={"parameters": {key: "e30="}})
+        assert_error(response, 400, f"load parameter {key!r} is not supported")
+    for body in (b"[1]", b'{"parameters": [1]}', b"{"):
+        assert_error(explicit.post(load, content=body), 400, "JSON")
+        assert_error(explicit.post(unload, content=body), 400, "JSON")
+    assert predict(explicit, "digits-mlp-tanh") == 200
+    assert explicit.post(load, json={"parameters": {"custom": 1}}).status_code == 200
+    assert explicit.post(load, json={}).status_code == 200
+    no_dependents = {"parameters": {"unload_dependents": True}}
+    assert (
+        explicit.post("/v2/repository/models/digits-mlp/unload", json=no_dependents).status_code
+        == 200
+    )
     assert predict(explicit, "digits-mlp") == 404
     assert explicit.get("/v2/models/digits-mlp/ready").status_code == 404
     assert_error(explicit.post("/v2/repository/models/nope/load"), 404, "no model 'nope'")
