@@ -165,19 +165,24 @@ class ModelRepository:
         """Load (or reload) ``name`` as its files and ``config.pbtxt`` say; the versions that
         load serve, the rest keep what was serving. ``ModelLoadError`` names each failure
         (logged too, unless the caller reports it itself)."""
-        model_dir = self.root / name
-        if name.startswith(".") or "/" in name or not model_dir.is_dir():
-            raise NotFoundError(f"no model {name!r} in the repository {self.root}")
+        self._check_name(name)
         async with self._lock:
-            await self._load(name, model_dir, log_failures)
+            await self._load(name, self.root / name, log_failures)
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of ``name``; each finishes its requests first."""
-        known = name in self._serving or name in self._states
-        if not known and (name.startswith(".") or not (self.root / name).is_dir()):
-            raise NotFoundError(f"no model {name!r} in the repository {self.root}")
+        if name not in self._serving and name not in self._states:
+            self._check_name(name)
         async with self._lock:
             self._unload(name)
+
+    def _check_name(self, name: str) -> None:
+        """``NotFoundError`` unless ``name`` is a model of the repository as the index lists
+        them: a directory right under the root, by that very name. Not the root itself (""), a
+        version directory, a hidden one, or another spelling of a path ("digits-mlp/./1"),
+        each of which would otherwise become an entry of its own in the index."""
+        if not (self.root.is_dir() and name in model_names(self.root)):
+            raise NotFoundError(f"no model {name!r} in the repository {self.root}")
 
     async def stop(self) -> None:
         """Stop polling, retire every version, and wait until all have drained."""

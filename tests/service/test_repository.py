@@ -130,6 +130,15 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
         assert core.model_info("digits-mlp").versions == ["1", "2"]
         with pytest.raises(NotFoundError, match="no model 'nope'"):
             await core.load_model("nope")
+        index = core.repository_index()
+        # only a model's own directory, by its own name: no other path becomes an index entry
+        for path in ("", ".", "..", ".staging", "digits-mlp/", "digits-mlp/1", "digits-mlp/./1"):
+            (repo / ".staging").mkdir(exist_ok=True)
+            for change in (core.load_model, core.unload_model):
+                with pytest.raises(NotFoundError, match=f"no model {path!r}"):
+                    await change(path)
+        assert core.repository_index() == index
+        assert 'model=""' not in core.metrics.exposition().decode()
         (repo / "digits-autoencoder" / "config.pbtxt").write_text("name: ")
         with pytest.raises(BadInputError, match="failed to load 'digits-autoencoder'"):
             await core.load_model("digits-autoencoder")
