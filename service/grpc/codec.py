@@ -65,6 +65,8 @@ def _input(tensor: Any, raw: bytes | None) -> RequestInput:
     datatype = codecs.check_datatype(tensor.datatype, what)
     shape = codecs.check_shape(list(tensor.shape), what)
     if raw is not None:
+        if tensor.HasField("contents"):  # two sets of values: which one was meant?
+            raise BadInputError(f"{what}: contents must be empty when raw_input_contents is used")
         return RequestInput(codecs.raw_tensor(raw, shape, datatype, what), tensor.name, datatype)
     field = CONTENTS_FIELD.get(datatype)
     if field is None:

@@ -221,6 +221,8 @@ BAD = [
      grpc.StatusCode.INVALID_ARGUMENT, "datatype 'BANANA'"),
     (lambda: _raw_count(raw_request(DIGITS[:1])), grpc.StatusCode.INVALID_ARGUMENT,
      "raw_input_contents holds 2 entries for 1 inputs"),
+    (lambda: _typed_too(raw_request(DIGITS[:1])), grpc.StatusCode.INVALID_ARGUMENT,
+     "contents must be empty when raw_input_contents is used"),
     (lambda: _param(typed_request(DIGITS[:1]), "priority", 1), grpc.StatusCode.INVALID_ARGUMENT,
      "'priority' is not supported"),
     (lambda: _param(typed_request(DIGITS[:1]), "timeout", -1), grpc.StatusCode.INVALID_ARGUMENT,
@@ -246,6 +248,11 @@ def _with(request: pb.ModelInferRequest, **changes) -> pb.ModelInferRequest:
 
 def _raw_count(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
     request.raw_input_contents.append(b"")
+    return request
+
+
+def _typed_too(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    request.inputs[0].contents.fp32_contents.extend(DIGITS[0].tolist())
     return request
 
 
