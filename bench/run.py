@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -669,6 +669,7 @@ def run(args: argparse.Namespace) -> Results:
                     (f"{PEER_BENTOML}", others["bentoml"], bento_request),
                 ]
             warm(alone)
+            states = (on_env, off_env, off_env)  # batching on, off, and off again
             for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
                 # The service's three servers start afresh for each pass. Two identical servers
                 # can differ by more than batching on and off do at c=1, for as long as both
@@ -677,17 +678,15 @@ def run(args: argparse.Namespace) -> Results:
                 # difference is one more pass's noise, for the median over the passes (and over
                 # runs, bench.pool) to average, not one pair's for the whole run. It does not
                 # make two identical servers measure alike: the first run so made read its
-                # second batching-off server at 0.93x the first. Nor did two things tried
+                # first batching-off server at 0.93x the second. Nor did two things tried
                 # after, over fresh pairs of batching-off servers at c=1, six passes of 3 s
                 # each (2026-11-26): one memory layout for every server (``setarch -R``,
                 # PYTHONHASHSEED=0; ten pairs, log-ratio sd within a pair 0.104 against 0.087
                 # as started here), and the CPUs kept from idling between requests (a
                 # SCHED_IDLE spinner on each; five pairs, 0.087 against 0.093).
-                with (
-                    server(service, on_env, workers, cpus, ready) as on,
-                    server(service, off_env, workers, cpus, ready) as off,
-                    server(service, off_env, workers, cpus, ready) as again,
-                ):
+                with ExitStack() as stack:
+                    arguments = [(service, env, workers, cpus, ready) for env in states]
+                    on, off, again = started_in_turn(arguments, round_index, stack)
                     pairs, listed = paired(on, off, again)
                     scenarios = alone + listed
                     warm(listed)
@@ -749,6 +748,28 @@ def run(args: argparse.Namespace) -> Results:
         results.instructions = instructions.count(repository, sample_inputs(64)) or {}
     results.environment["large_model"] = large
     return results
+
+
+def start_order(count: int, round_index: int) -> list[int]:
+    """Which of ``count`` servers pass ``round_index`` starts first, second, ...: each pass
+    one later in a cycle, so that over the passes each server starts in each position alike.
+    The two runs that started the service's servers afresh for each pass, always batching on,
+    then off, then off again, read them slowest to fastest in that order at c=1 in both: on
+    0.94x and 0.93x off, and off 0.94x the second batching-off server in both (V1, medians of
+    five passes each, 2026-11-26). If the position a server starts in matters, no scenario
+    always has the same one."""
+    return [(round_index + i) % count for i in range(count)]
+
+
+def started_in_turn(
+    arguments: list[tuple[str, dict[str, str], int, str, str]], round_index: int, stack: ExitStack
+) -> list[Server]:
+    """A server for each ``server`` arguments, started in pass ``round_index``'s order
+    (``start_order``) and stopped with ``stack``; returned in the order given."""
+    servers: dict[int, Server] = {}
+    for i in start_order(len(arguments), round_index):
+        servers[i] = stack.enter_context(server(*arguments[i]))
+    return [servers[i] for i in range(len(arguments))]
 
 
 def drive_order(groups: list[list[T]], round_index: int, rounds: int) -> list[T]:
@@ -996,8 +1017,8 @@ def write_report(results: Results, out: Path) -> None:
         "concurrency is repeated, each pass starting the scenarios at a different place, and "
         "each point reports its round of median req/s (all rounds in `rounds`). The service's "
         "three servers of the 1-worker rows (batching on, off, and off again) are new processes "
-        "in each pass: two identical servers can differ by more than batching on and off do at "
-        "c=1 for as long as both run",
+        "in each pass, started in a different order in each: two identical servers can differ "
+        "by more than batching on and off do at c=1 for as long as both run",
         "- the machine is shared and noisy: absolute figures move between runs. All servers run "
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart (batching "

@@ -380,6 +380,15 @@ def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
     ]
 
 
+def test_each_server_of_a_pass_starts_in_each_position_in_turn() -> None:
+    from bench.run import start_order
+
+    orders = [start_order(3, i) for i in range(6)]
+    assert orders[:3] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]] and orders[3:] == orders[:3]
+    for server in range(3):  # first, second and third once in every three passes
+        assert sorted(order.index(server) for order in orders[:3]) == [0, 1, 2]
+
+
 @pytest.mark.slow  # two real uvicorn workers
 def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigterm() -> None:
     """``python -m bench.floor --http PORT 2``: both workers answer some of 32 connections (each
