@@ -132,8 +132,8 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
             await core.load_model("nope")
         index = core.repository_index()
         # only a model's own directory, by its own name: no other path becomes an index entry
+        (repo / ".staging").mkdir()
         for path in ("", ".", "..", ".staging", "digits-mlp/", "digits-mlp/1", "digits-mlp/./1"):
-            (repo / ".staging").mkdir(exist_ok=True)
             for change in (core.load_model, core.unload_model):
                 with pytest.raises(NotFoundError, match=f"no model {path!r}"):
                     await change(path)

@@ -58,10 +58,8 @@ def test_explicit_mode_over_http(explicit: TestClient) -> None:
     assert explicit.post(load, json={"parameters": {"custom": 1}}).status_code == 200
     assert explicit.post(load, json={}).status_code == 200
     no_dependents = {"parameters": {"unload_dependents": True}}
-    assert (
-        explicit.post("/v2/repository/models/digits-mlp/unload", json=no_dependents).status_code
-        == 200
-    )
+    response = explicit.post("/v2/repository/models/digits-mlp/unload", json=no_dependents)
+    assert response.status_code == 200
     assert predict(explicit, "digits-mlp") == 404
     assert explicit.get("/v2/models/digits-mlp/ready").status_code == 404
     assert_error(explicit.post("/v2/repository/models/nope/load"), 404, "no model 'nope'")
