@@ -45,5 +45,47 @@ def test_readme_table_matches_a_fresh_build(tmp_path: Path) -> None:
     assert "1 torch thread(s)" in out
     assert "digits-mlp epoch 1/" in out and "train_loss=" in out
     assert "digits-autoencoder epoch 2/" in out
-    assert out.endswith(readme_table() + "\n")
-    assert table(repository) == readme_table()
+    printed = out[out.index(TABLE_BEGIN) :].rstrip("\n")
+    assert_tables_agree(printed, readme_table())
+    assert_tables_agree(table(repository), readme_table())
+
+
+# How far a fresh build's validation figure may sit from the README's. The seed fixes the data
+# and the initial weights, not every rounding: training holds torch's kernels to AVX2
+# (models/__init__.py), but MKL still picks its own by the CPU. The same build gave digits-mlp
+# and digits-mlp-tanh the README's 0.9638 and 0.9638 on the host that made the table, and 0.9721
+# and 0.9749 on an Intel Xeon host (2026-11-26), the autoencoder's MSE 0.0107 on both; one
+# validation image is 1/360 of the accuracy.
+TOLERANCE = {"accuracy": 0.015, "MSE": 0.001}
+
+
+def assert_tables_agree(built: str, readme: str) -> None:
+    """The same rows, every column alike but the validation figure, which is within
+    ``TOLERANCE`` of the README's."""
+    built_lines, readme_lines = built.splitlines(), readme.splitlines()
+    assert len(built_lines) == len(readme_lines), (built, readme)
+    for got, want in zip(built_lines, readme_lines, strict=True):
+        if got == want:
+            continue
+        *columns, figure, _ = got.split("|")
+        *expected_columns, expected_figure, _ = want.split("|")
+        assert columns == expected_columns, (got, want)
+        metric, value = figure.split()
+        expected_metric, expected_value = expected_figure.split()
+        assert metric == expected_metric, (got, want)
+        assert abs(float(value) - float(expected_value)) <= TOLERANCE[metric], (got, want)
+
+
+def test_tables_agree_within_the_tolerance_and_no_further() -> None:
+    readme = readme_table()
+    row = next(line for line in readme.splitlines() if "accuracy" in line)
+    value = float(row.split("accuracy")[1].strip(" |"))
+    for change, agrees in ((0.0111, True), (-0.0111, True), (0.02, False)):
+        moved = readme.replace(row, row.replace(f"{value:.4f}", f"{value + change:.4f}"))
+        if agrees:
+            assert_tables_agree(moved, readme)
+        else:
+            with pytest.raises(AssertionError):
+                assert_tables_agree(moved, readme)
+    with pytest.raises(AssertionError):
+        assert_tables_agree(readme.replace("| gelu |", "| relu |", 1), readme)
