@@ -12,13 +12,14 @@ Where a batch runs depends on what it costs, timed when the version starts servi
 
 - **inline**, on the event loop, for batches that cost no more than the service's inline bound
   (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
-  queue delay), and with a zero delay one more for as long as each brings more requests, then
-  runs the batch: it holds every request parsed in between, which under load is most of the
-  connections with a request in flight. When batches have held one request in a row, the
-  requests that yield grow sparser (``next_probe``), so a lone client does not wait for
-  company that never comes. Handing a 10-40 µs run to a thread and waking the loop again costs more
-  than the run itself; one inline run blocks the loop for at most the bound, and after each
-  batch the loop serves I/O before the next.
+  queue delay), and with a zero delay more for as long as requests keep arriving (until
+  ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds every request
+  parsed in between, which under load is most of the connections with a request in flight.
+  When batches have held one request in a row, the requests that yield grow sparser
+  (``next_probe``), so a lone client does not wait for company that never comes. Handing a
+  10-40 µs run to a thread and waking the loop again costs more than the run itself; one
+  inline run blocks the loop for at most the bound, and after each batch the loop serves I/O
+  before the next.
 - **on a worker thread** otherwise: the gathering task hands each batch to one of the model's
   instances (``instance_group`` count in ``config.pbtxt``, default 1; each a worker thread on
   the one onnxruntime session, whose ``run`` is thread-safe). onnxruntime releases the GIL, so
@@ -29,6 +30,7 @@ Where a batch runs depends on what it costs, timed when the version starts servi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +44,21 @@ from service.runtime import Model
 from service.statistics import ModelStatistics
 
 Outputs = dict[str, np.ndarray]
+# Inline, with no queue delay, a batch gathers until this many loop iterations in a row have
+# brought no request, and each of those gives up the core first (``os.sched_yield``). HTTP
+# requests of the connections in flight are parsed in consecutive iterations; grpcio's asyncio
+# server takes one call at a time, and its threads (the completion-queue poller, the I/O
+# threads) deliver the next only when they get the core, which a process with one core (each of
+# `--workers N` on N cores, `make bench`) shares with the loop. Measured with the server on one
+# core and the client on the other, at c=16: gRPC's mean batch was 1.0 when a batch stopped at
+# the first quiet iteration (as HTTP's did) and 14 with these, 2.4x the requests/s; HTTP's
+# requests/s moved by 1% at c=1, 16 and 64 and rose 6% at c=4. With 8 iterations and no yield,
+# gRPC's batches formed in some runs and not in others; with 2 or 4 and the yield, in none.
+PATIENCE = 8
 # Inline, after n batches of one request in a row, a request yields the loop to look for company
-# only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then pays the
-# loop iteration, about 14 µs in process (a syscall, and caches colder after it), on 1 request
-# in 256, and a load that grows is batched again within 256 requests.
+# only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then waits
+# PATIENCE + 1 loop iterations (the first about 14 µs in process: a syscall, and caches colder
+# after it) on 1 request in 256, and a load that grows is batched again within 256 requests.
 PROBE_GAP = 256
 
 
@@ -268,26 +281,32 @@ class Batcher:
 
     async def _company(self) -> bool:
         """Whether requests are queued after this one, first of a batch, gives them their turn
-        on the loop: the queue delay; with none, one iteration, then one more for as long as
-        the last brought more requests and the batch is not full. Under load, the requests of
+        on the loop: the queue delay; with none, iterations for as long as requests keep coming,
+        until ``PATIENCE`` in a row bring none or the batch is full. Under load, the requests of
         the connections in flight are parsed over a few iterations, not one: in ``make bench``
         at c=64 on the small model, V1's and V2's mean batch was 18-23 with one iteration (the
-        run of 2026-11-26 09:15 UTC in docs/benchmarks.md's history) and 25-63 with this (those
-        of 13:41 and 14:23). Each iteration waited for after the first has parsed more
-        requests, so the loop never idles for a batch, and the wait ends within
-        ``max_batch_size`` samples; a lone client, whose first iteration brings no company,
-        waits that one alone.
+        run of 2026-11-26 09:15 UTC in docs/benchmarks.md's history) and 25-63 waiting while
+        each iteration brought more (those of 13:41 and 14:23); gRPC's calls come further apart
+        (``PATIENCE``). The loop serves I/O in every iteration waited, and the wait ends within
+        ``max_batch_size`` samples; a lone client, whom no iteration brings company, waits
+        ``PATIENCE`` + 1 of them.
 
         Cancelled meanwhile, it runs what is queued before it leaves. A lone request that was
-        not queued then runs without a future or a queue entry: that bookkeeping costs more
-        than the loop iteration (about 25 µs against 6, in process)."""
+        not queued then runs without a future or a queue entry, a bookkeeping of about 25 µs
+        in process."""
         self._gathering = True
         try:
             queued = self._queued
             await asyncio.sleep(self.max_delay)
+            quiet = 0  # iterations in a row that brought no request
             # A full batch that ran meanwhile (a request's own turn) leaves fewer queued.
-            while not self.max_delay and queued < self._queued < self.max_batch_size:
+            while not self.max_delay and queued <= self._queued < self.max_batch_size:
+                quiet = quiet + 1 if self._queued == queued else 0
+                if quiet == PATIENCE:
+                    break
                 queued = self._queued
+                if quiet:  # let this core's other threads run: gRPC's next call is theirs
+                    os.sched_yield()
                 await asyncio.sleep(0)
         except asyncio.CancelledError:  # this client left: the others are waiting
             self._gathering = False

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.batching import PROBE_GAP, Batcher, Deadline, Runs, next_probe
+from service.batching import PATIENCE, PROBE_GAP, Batcher, Deadline, Runs, next_probe
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -183,11 +183,12 @@ async def after(iterations: int, coro_factory):
 
 
 def test_zero_delay_gathers_while_requests_keep_coming(model, monkeypatch) -> None:
-    """Inline, with no queue delay, a batch waits one more loop iteration for as long as the
-    last brought more requests: requests arriving in four iterations in a row share one run;
-    one arriving after an iteration that brought none is a batch of its own."""
+    """Inline, with no queue delay, a batch waits for as long as requests keep coming: a
+    request arriving within PATIENCE loop iterations of the one before joins its batch; one
+    arriving an iteration later than that is a batch of its own."""
     recorder = Recorder(model, monkeypatch)
-    arrivals = [0, 0, 1, 2, 5]  # the loop iteration each request comes in
+    joins = 1 + PATIENCE  # PATIENCE iterations after the request before it
+    arrivals = [0, 0, 1, joins, joins + PATIENCE + 1]  # the loop iteration each request comes in
 
     async def scenario():
         batcher = started(model, 64, 0, inline=True)
@@ -292,10 +293,11 @@ def test_a_lone_client_probes_when_probes_says(model, monkeypatch) -> None:
     assert recorder.sizes == [1] * len(looked) + [4]  # the caller runs the rest itself
 
 
-def test_readme_quotes_the_probe_gap() -> None:
+def test_readme_quotes_the_probe_gap_and_the_patience() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"after {PATIENCE} iterations in a row that brought none" in readme
     assert f"a power of two or a multiple of {PROBE_GAP}" in readme
-    assert f"iteration on 1 request in {PROBE_GAP}), and a load that grows is batched" in readme
+    assert f"pays those {PATIENCE + 1} iterations on 1 request in {PROBE_GAP})" in readme
     assert f"again within {PROBE_GAP} requests" in readme
 
 

@@ -4,8 +4,10 @@ answers as HTTP, bit for bit, and batches shared with HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.proc import pin_tree
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from tests.helpers import DIGITS
@@ -321,6 +324,37 @@ def test_grpc_requests_batch_alone_and_with_http(model_repository: Path) -> None
         grpc_call = (stub.ModelInfer, (raw_request(x),))
         assert _runs_of_digits_mlp(server, grpc_call, http) == [2, 1, 2]  # one run for both
         assert _runs_of_digits_mlp(server, *[grpc_call] * 8) == [10, 2, 2, 8]
+
+
+async def _calls_at_once(address: str, calls: int, times: int) -> None:
+    """``calls`` ModelInfer calls at once on one channel, ``times`` times over."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = raw_request(DIGITS[:1])
+        for _ in range(times):
+            await asyncio.gather(*(stub.ModelInfer(request) for _ in range(calls)))
+
+
+def test_concurrent_grpc_calls_share_runs_with_the_default_settings(
+    model_repository: Path,
+) -> None:
+    """With the defaults (small batches on the event loop, no queue delay), calls in flight
+    together on one channel share runs, though grpcio's server hands them over one at a time:
+    64 at once, five times, take at most one run per 8 calls (before, each call was a run of
+    its own; now one run per 64, with or without busy loops on both cores). The server has a
+    core of its own, as each of `--workers N` on N cores, and the client the others."""
+    cpus = os.sched_getaffinity(0)
+    core = min(cpus)
+    for server in grpc_server(model_repository):
+        pin_tree(server.process.pid, {core})
+        os.sched_setaffinity(0, cpus - {core} or cpus)
+        try:
+            asyncio.run(_calls_at_once(server.address, 64, 5))
+        finally:
+            os.sched_setaffinity(0, cpus)
+        inferences, executions, *_ = _runs_of_digits_mlp(server)
+        assert inferences == 320
+        assert executions <= inferences / 8
 
 
 def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
