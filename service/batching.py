@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.alarm import Alarm
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -111,12 +112,17 @@ class _Request:
 
 
 def _expire(request: _Request, deadline: Deadline | None, passed_only: bool = False) -> None:
-    """Fail a queued request whose deadline has passed (its timer fired, or it is being taken
-    into a batch first: a timer fires on the loop's schedule, not to the microsecond)."""
+    """Fail a queued request whose deadline has passed: its timer rang, or it is being taken
+    into a batch first (a timer rings on the loop's schedule). The loop's timers count
+    milliseconds (``service.alarm``) and uvloop's round to the nearest, so a timer that rang
+    before the deadline is set again for what is left: no request fails before its time."""
     if deadline is None or request.future.done():
         return
-    if not passed_only or deadline.seconds_left() < 0:
+    left = deadline.seconds_left()
+    if left < 0:
         request.future.set_exception(deadline.error())
+    elif not passed_only:
+        request.expiry = asyncio.get_running_loop().call_later(left, _expire, request, deadline)
 
 
 def timed_infer(
@@ -191,6 +197,7 @@ class Batcher:
         self._free = 0
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
         self._wakeup = asyncio.Event()
+        self._alarm: Alarm | None = None  # ends the queue delay (sets _wakeup) when there is one
         self._executor: ThreadPoolExecutor | None = None
         self.instances = instances  # batches running at once on worker threads
         self._instances = asyncio.Semaphore(instances)
@@ -200,6 +207,8 @@ class Batcher:
     def start(self) -> None:
         """Start batching; call from the running event loop."""
         self._loop = asyncio.get_running_loop()
+        if self.max_delay:
+            self._alarm = Alarm(self._loop, self._wakeup.set)
         if not self.inline:
             self._executor = ThreadPoolExecutor(
                 self.instances, thread_name_prefix=f"batch-{self.model.name}"
@@ -220,6 +229,8 @@ class Batcher:
             if not request.future.done():
                 request.future.set_exception(RuntimeError("the service is shutting down"))
         self._queued = 0
+        if self._alarm is not None:
+            self._alarm.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
@@ -297,7 +308,10 @@ class Batcher:
         self._gathering = True
         try:
             queued = self._queued
-            await asyncio.sleep(self.max_delay)
+            if self._alarm is not None:
+                await self._delay(self._alarm, self.max_delay)
+            else:
+                await asyncio.sleep(0)
             quiet = 0  # iterations in a row that brought no request
             # A full batch that ran meanwhile (a request's own turn) leaves fewer queued.
             while not self.max_delay and queued <= self._queued < self.max_batch_size:
@@ -404,15 +418,19 @@ class Batcher:
             self._take(batch)
             full = self._size(batch) >= self.max_batch_size or (self._pending and batch)
             remaining = batch[0].enqueued + self.max_delay - time.perf_counter() if batch else 0
-            if full or remaining <= 0:
+            if full or remaining <= 0:  # with no delay, at once
                 return batch
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                return batch
+            assert self._alarm is not None  # a delay: wait for its end, or another request
+            await self._delay(self._alarm, remaining)
 
     # ---- shared --------------------------------------------------------------------------------
+
+    async def _delay(self, alarm: Alarm, seconds: float) -> None:
+        """Wait ``seconds`` (to the microsecond, ``service.alarm``), or less if a request
+        arrives meanwhile on a worker-thread batcher (whose ``infer`` sets ``_wakeup``)."""
+        self._wakeup.clear()
+        alarm.set(seconds)
+        await self._wakeup.wait()
 
     def _take(self, batch: list[_Request]) -> list[_Request]:
         """Move queued requests into ``batch`` while they fit; a request larger than the batch

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import uvloop
 
 from service.batching import PATIENCE, PROBE_GAP, Batcher, Deadline, Runs, next_probe
 from service.errors import OverloadedError
@@ -206,6 +207,24 @@ def test_zero_delay_gathers_while_requests_keep_coming(model, monkeypatch) -> No
         np.testing.assert_allclose(result["probabilities"], direct[i : i + 1], rtol=1e-6)
 
 
+@pytest.mark.parametrize("delay_us", [300, 1500])
+def test_a_queue_delay_is_kept_to_the_microsecond_on_uvloop(model, inline, delay_us) -> None:
+    """A request that looks for company waits its model's whole queue delay on uvloop, the
+    service's loop, whose own timers round 300 µs to nothing and 1500 µs to 1 ms or 2
+    (``service.alarm``)."""
+
+    async def scenario() -> float:
+        batcher = started(model, 64, delay_us, inline)
+        await batcher.infer({"input": DIGITS[:1]})  # the worker thread started, the run warm
+        began = time.perf_counter()
+        await batcher.infer({"input": DIGITS[:1]})
+        waited = time.perf_counter() - began
+        await batcher.stop()
+        return waited
+
+    assert uvloop.run(scenario()) >= delay_us / 1e6
+
+
 def test_zero_delay_gathering_stops_at_the_maximum_size(model, monkeypatch) -> None:
     """The batch a request leads stops gathering when the queue is full: the request that
     fills it runs it (the four queued after the leader), and the leader then runs itself with
@@ -244,6 +263,34 @@ def test_an_inline_request_whose_deadline_passed_while_gathering_fails(model, mo
     assert isinstance(late, OverloadedError) and "request timeout expired" in str(late)
     assert first["logits"].shape == (1, 10) and third["logits"].shape == (3, 10)
     assert recorder.sizes == [4]  # the late request was never computed
+
+
+def test_a_queued_request_never_fails_before_its_deadline_on_uvloop(model, monkeypatch) -> None:
+    """Queued behind a batch that holds the one worker thread, a request with a 1400 µs
+    timeout fails, but not before 1400 µs, though uvloop's timers round that to 1 ms."""
+    release = threading.Event()
+    real = model.infer
+
+    def held(inputs, outputs=None):
+        release.wait(10)
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(model, "infer", held)
+
+    async def scenario() -> int:
+        batcher = started(model, 64, 0)
+        first = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0.01)  # its batch is running, holding the worker thread
+        began = time.perf_counter_ns()
+        with pytest.raises(OverloadedError, match="request timeout expired"):
+            await batcher.infer({"input": DIGITS[:1]}, deadline=Deadline(began, 1400))
+        failed_after = time.perf_counter_ns() - began
+        release.set()
+        await first
+        await batcher.stop()
+        return failed_after
+
+    assert uvloop.run(scenario()) >= 1400 * 1000
 
 
 def probes(alone: int) -> bool:
