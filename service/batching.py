@@ -30,7 +30,6 @@ Where a batch runs depends on what it costs, timed when the version starts servi
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -46,15 +45,15 @@ from service.statistics import ModelStatistics
 
 Outputs = dict[str, np.ndarray]
 # Inline, with no queue delay, a batch gathers until this many loop iterations in a row have
-# brought no request, and each of those gives up the core first (``os.sched_yield``). HTTP
-# requests of the connections in flight are parsed in consecutive iterations; grpcio's asyncio
-# server takes one call at a time, and its threads (the completion-queue poller, the I/O
-# threads) deliver the next only when they get the core, which a process with one core (each of
-# `--workers N` on N cores, `make bench`) shares with the loop. Measured with the server on one
-# core and the client on the other, at c=16: gRPC's mean batch was 1.0 when a batch stopped at
-# the first quiet iteration (as HTTP's did) and 14 with these, 2.4x the requests/s; HTTP's
-# requests/s moved by 1% at c=1, 16 and 64 and rose 6% at c=4. With 8 iterations and no yield,
-# gRPC's batches formed in some runs and not in others; with 2 or 4 and the yield, in none.
+# brought no request. HTTP requests of the connections in flight are parsed in consecutive
+# iterations; grpcio's asyncio server takes one call at a time, and each reaches its handler a
+# few iterations after the one before. Measured with the server on one core and the client on
+# the other: at c=16, gRPC's mean batch was 1.0 when a batch stopped at the first quiet
+# iteration (as HTTP's did), 10 with 4 and 14 with 8, 2.4x the requests/s; HTTP's requests/s
+# at c=1, 4 and 64 moved within the spread of two runs. Giving up the core in each quiet
+# iteration (sched_yield, for grpcio's threads) made gRPC's batches form from the first calls,
+# but with a busy process on the same core every yield gave it a whole time slice: HTTP at c=16
+# fell to a fifth, gRPC to a tenth.
 PATIENCE = 8
 # Inline, after n batches of one request in a row, a request yields the loop to look for company
 # only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then waits
@@ -319,8 +318,6 @@ class Batcher:
                 if quiet == PATIENCE:
                     break
                 queued = self._queued
-                if quiet:  # let this core's other threads run: gRPC's next call is theirs
-                    os.sched_yield()
                 await asyncio.sleep(0)
         except asyncio.CancelledError:  # this client left: the others are waiting
             self._gathering = False
