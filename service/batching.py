@@ -230,6 +230,7 @@ class Batcher:
         self._queued = 0
         if self._alarm is not None:
             self._alarm.close()
+            self._wakeup.set()  # a queue delay still waited ends now
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
