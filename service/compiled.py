@@ -53,6 +53,12 @@ TANH_SERIES = (
     -929569 / 638512875,
 )
 TANH_SERIES_BELOW = 0.25
+# The loop's software prefetch (see ``_define``): blocks of 64 values (4 cache lines of x and 4
+# of y), each prefetching 2048 values (8 KB) ahead; 1024-4096 ahead and blocks of 64-256 timed
+# the same.
+BLOCK = 64
+AHEAD = 2048
+LINE_VALUES = 16  # float32s in a 64-byte cache line
 
 
 def unavailable() -> str | None:
@@ -139,26 +145,58 @@ class _Loop(Formula[Any]):
 
 
 def _define(module: ir.Module, symbol: str, formula: Builder) -> None:
-    """void symbol(const float *x, float *y, int64 n): y[i] = formula(x[i]) in float64."""
-    f32, i64 = ir.FloatType(), ir.IntType(64)
+    """void symbol(const float *x, float *y, int64 n): y[i] = formula(x[i]) in float64.
+
+    The loop runs in blocks of ``BLOCK`` values; each block first prefetches the lines of x and
+    y ``AHEAD`` values on. The hardware's prefetchers do not keep this loop fed where the
+    arrays are not in cache, as a request's body and the fresh array for its answer often are
+    not in a server at concurrency. On this project's host (Intel Xeon, rocketlake; 2 MB of L2
+    per core), 1e6 values took 1.0 ms in cache and 2.1-2.8 ms on arrays not in cache; with the
+    prefetches, 1.1 ms either way (`make bench`'s table of the kernels in process).
+    """
+    f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
     function = ir.Function(
         module, ir.FunctionType(ir.VoidType(), [f32.as_pointer(), f32.as_pointer(), i64]), symbol
     )
     source, target, n = function.args
     for pointer in (source, target):
         pointer.add_attribute("noalias")
-    entry, loop, done = (function.append_basic_block(s) for s in ("entry", "loop", "done"))
+    blocks = ("entry", "block", "loop", "next", "done")
+    entry, block, loop, following_block, done = (function.append_basic_block(s) for s in blocks)
     b = ir.IRBuilder(entry)
-    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), loop, done)
+    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), block, done)
+
+    # A block: prefetch ahead (a hint: an address past the arrays' ends is never touched).
+    b.position_at_end(block)
+    start = b.phi(i64)
+    start.add_incoming(ir.Constant(i64, 0), entry)
+    byte_pointer = ir.IntType(8).as_pointer()
+    prefetch_type = ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32])
+    prefetch = module.declare_intrinsic("llvm.prefetch", [byte_pointer], prefetch_type)
+    for line in range(0, BLOCK, LINE_VALUES):
+        ahead = b.add(start, ir.Constant(i64, AHEAD + line))
+        for pointer, write in ((source, 0), (target, 1)):
+            address = b.bitcast(b.gep(pointer, [ahead]), byte_pointer)  # not inbounds: a hint
+            # (address, write, locality 3: keep in every cache level, data rather than code)
+            b.call(prefetch, [address, *(ir.Constant(i32, v) for v in (write, 3, 1))])
+    after = b.add(start, ir.Constant(i64, BLOCK))
+    end = b.select(b.icmp_signed("<", after, n), after, n)
+    b.branch(loop)
+
+    # Its values, one by one (LLVM vectorizes this loop).
     b.position_at_end(loop)
     i = b.phi(i64)
-    i.add_incoming(ir.Constant(i64, 0), entry)
+    i.add_incoming(start, block)
     x = b.fpext(b.load(b.gep(source, [i], inbounds=True)), ir.DoubleType())
     y = formula(_Loop(module, b), x)
     b.store(b.fptrunc(y, f32), b.gep(target, [i], inbounds=True))
     following = b.add(i, ir.Constant(i64, 1))
     i.add_incoming(following, loop)
-    b.cbranch(b.icmp_signed("<", following, n), loop, done)
+    b.cbranch(b.icmp_signed("<", following, end), loop, following_block)
+
+    b.position_at_end(following_block)
+    start.add_incoming(end, following_block)
+    b.cbranch(b.icmp_signed("<", end, n), block, done)
     b.position_at_end(done)
     b.ret_void()
 

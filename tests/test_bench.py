@@ -84,10 +84,12 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
     assert report["breakdown"]["onnxruntime run, batch of 1"] > 0
     # the activation kernels timed in process on the rows' values: both ways of the accurate
-    # kernel, the native op and a copy, each a positive time, and the table that shows them
+    # kernel (compiled, also on copies in turn), the native op and a copy, each a positive
+    # time, and the table that shows them
     kernels = report["kernels"]
-    assert len(kernels) == 4 and all(ms > 0 for ms in kernels.values()), kernels
+    assert len(kernels) == 5 and all(ms > 0 for ms in kernels.values()), kernels
     assert next(iter(kernels)).startswith("accurate, compiled for ")
+    assert "accurate, compiled, on 8 copies of the array in turn (0.32 MB)" in kernels
     markdown = (tmp_path / "benchmarks.md").read_text()
     zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
     assert zero in markdown

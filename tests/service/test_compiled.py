@@ -21,7 +21,7 @@ from service.activations import (
     _GraphBuilder,
     why_not_compiled,
 )
-from service.compiled import CompiledKernels
+from service.compiled import AHEAD, BLOCK, CompiledKernels
 from service.formula import Builder, Formula
 from service.rest.app import create_app
 
@@ -118,6 +118,18 @@ def test_every_function_as_its_onnxruntime_graph() -> None:
             got = compiled.evaluate(name, x, derivative, ACCURATE)
             want = graphs.evaluate(name, x, derivative, ACCURATE)
             assert _ulps_apart(got, want).max() <= 1, (name, derivative)
+
+
+@pytest.mark.parametrize("n", [1, 15, 63, 64, 65, 200, BLOCK * 3 - 1, AHEAD + 1, AHEAD * 3 + 17])
+def test_every_length_is_evaluated_whole_and_nothing_past_it(ops: CompiledKernels, n: int) -> None:
+    """The loop runs in blocks that prefetch ahead: an array ending inside a block, on its
+    edge or within the prefetch distance is evaluated to its last value, and not one value is
+    written past its end."""
+    x = np.linspace(-3.0, 3.0, n, dtype=np.float32)
+    y = np.full(n + 2 * BLOCK, 7.0, np.float32)
+    ops._kernels["Abs"](x.ctypes.data, y.ctypes.data, n)
+    np.testing.assert_array_equal(y[:n], np.abs(x))
+    assert (y[n:] == 7.0).all()
 
 
 def test_any_shape_and_the_empty_array() -> None:
