@@ -556,9 +556,7 @@ def activation_kernels(values: int) -> dict[str, float]:
     copies = f"{COLD_ARRAYS} copies of the array in turn ({COLD_ARRAYS * x.nbytes / 1e6:.3g} MB)"
     calls: dict[str, Callable[[], object]] = {
         f"accurate, {compiled.accurate}": lambda: compiled.evaluate("gelu", x),
-        f"accurate, compiled, on {copies}": lambda: (
-            compiled.evaluate("gelu", next(cold))
-        ),
+        f"accurate, compiled, on {copies}": lambda: compiled.evaluate("gelu", next(cold)),
         "accurate, onnxruntime float64 graphs (GELU_COMPILE_ACTIVATIONS=false)": lambda: (
             graphs.evaluate("gelu", x)
         ),
