@@ -926,6 +926,9 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     compare(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off",
             http(f"{large} v2-binary, batching on"), http(f"{large} v2-binary, batching off"),
             TARGET_BATCHING_GAIN)  # fmt: skip
+    for c in concurrencies[:-1]:  # never slower than off, for any model (its batches on threads)
+        compare(f"{large} at c={c}: batching on >= off", http(f"{large} v2-binary, batching on", c),
+                http(f"{large} v2-binary, batching off", c), 1.0)  # fmt: skip
     for kernel, scenario in (("accurate", "gelu, float32 binary"),
                              ("native", "gelu native, float32 binary")):  # fmt: skip
         for c in (1, 4):

@@ -24,7 +24,11 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   instances (``instance_group`` count in ``config.pbtxt``, default 1; each a worker thread on
   the one onnxruntime session, whose ``run`` is thread-safe). onnxruntime releases the GIL, so
   runs proceed beside the event loop, and while every instance is busy the next batch gathers,
-  so batches form under load even with a zero delay.
+  so batches form under load even with a zero delay. When batches have held one request in a
+  row (``next_probe``, as inline) and an instance is free with nothing queued, a request takes
+  it at once, without the queue and the gathering task's turn: a lone client's request then
+  costs what it costs with batching off (its run is hundreds of microseconds or more here,
+  the gathering task's hand-off tens).
 """
 
 from __future__ import annotations
@@ -189,9 +193,9 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
-        # Inline: batches of one request in a row, counted up to the next probe in advance;
-        # _free of them are still to come, each a request that may run alone without looking
-        # for company (see _ran). Counting down costs a lone request less than a schedule's test.
+        # Batches of one request in a row, counted up to the next probe in advance; _free of
+        # them are still to come, each a request that may run alone without looking for
+        # company (see _ran). Counting down costs a lone request less than a schedule's test.
         self._alone = 0
         self._free = 0
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
@@ -200,7 +204,7 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self.instances = instances  # batches running at once on worker threads
         self._instances = asyncio.Semaphore(instances)
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: set[asyncio.Future[object]] = set()  # runs on worker threads
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -240,7 +244,7 @@ class Batcher:
         so, it counts here as a batch of one, and the caller runs it as batching off would
         (``Runs.record_alone``): a lone client's request is spared the coroutine ``infer`` is,
         and, having no queue, is not in the queue-time histogram. Else it goes to ``infer``."""
-        if self._free and not self._pending and not self._gathering:  # _free: inline only
+        if self._free and self.inline and not self._pending and not self._gathering:
             self._free -= 1
             return True
         return False
@@ -266,6 +270,10 @@ class Batcher:
                 results = await request.future
             else:  # no company lately, or none came: a batch of this request alone
                 results = self._run_alone(inputs, size, arrived)
+            return {n: results[n] for n in outputs} if outputs else results
+        if self._free and not self._pending and not self._instances.locked():  # on threads
+            self._free -= 1  # a batch of one, as runs_alone counts it
+            results = await self._run_alone_on_thread(inputs, size, deadline)
             return {n: results[n] for n in outputs} if outputs else results
         future: asyncio.Future[Outputs] = loop.create_future()
         request = _Request(inputs, size, future, deadline=deadline)
@@ -361,9 +369,10 @@ class Batcher:
             self._scheduled = self._loop.call_soon(self._run_scheduled)
 
     def _ran(self, requests: int) -> None:
-        """Count a batch of ``requests`` run inline. After one with company the next request
-        looks for company again; after n batches of one in a row, the requests until n reaches
-        the next probe (``next_probe``) may run alone without looking (``runs_alone``)."""
+        """Count a batch of ``requests``. After one with company the next request looks for
+        company again; after n batches of one in a row, the requests until n reaches the next
+        probe (``next_probe``) may run alone without looking: inline, their callers run them
+        (``runs_alone``); on threads, ``infer`` hands each to a free instance at once."""
         if requests > 1:
             self._alone = self._free = 0
             return
@@ -389,9 +398,31 @@ class Batcher:
             if not batch:
                 self._instances.release()
                 continue
+            self._ran(len(batch))
             run = loop.create_task(self._run_on_thread(batch))
             self._running.add(run)
             run.add_done_callback(self._running.discard)
+
+    async def _run_alone_on_thread(
+        self, inputs: dict[str, np.ndarray], size: int, deadline: Deadline | None
+    ) -> Outputs:
+        """A batch of this one request on the free instance, now: no queue entry, no future of
+        its own, no turn of the gathering task. A client that leaves meanwhile leaves the run to
+        finish on its thread, holding the instance until then."""
+        await self._instances.acquire()  # free (the caller checked): returns at once
+        handed = time.perf_counter_ns()
+        run = asyncio.get_running_loop().run_in_executor(
+            self._executor, timed_infer, self.model, inputs, deadline
+        )
+        self._running.add(run)
+        run.add_done_callback(self._ran_alone)
+        results, began, took = await asyncio.shield(run)
+        self.runs.record_alone(size, began - handed, took)
+        return results
+
+    def _ran_alone(self, run: asyncio.Future[object]) -> None:
+        self._running.discard(run)
+        self._instances.release()
 
     async def _run_on_thread(self, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import uvloop
 
-from service.batching import PATIENCE, PROBE_GAP, Batcher, Deadline, Runs, next_probe
+from service.batching import PATIENCE, PROBE_GAP, Batcher, Deadline, Runs, _Request, next_probe
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -441,3 +441,72 @@ def test_instances_run_batches_at_once(model, monkeypatch) -> None:
         overlap[0] = 0
         run(scenario(instances))
         assert overlap[0] == expected
+
+
+def test_a_lone_client_on_threads_skips_the_queue_between_probes(model, monkeypatch) -> None:
+    """On worker threads, a lone client's requests take the free instance at once, unqueued,
+    except those ``probes`` names, which go through the queue and the gathering task; of a
+    burst that comes between probes, the first takes the free instance and the rest gather
+    behind it as one batch, and the next burst is one batch again."""
+    recorder = Recorder(model, monkeypatch)
+    queued: list[int] = []  # which of the lone client's requests were queued
+    sending = [0]
+    real_request = _Request
+    monkeypatch.setattr(
+        "service.batching._Request",
+        lambda *a, **k: queued.append(sending[0]) or real_request(*a, **k),
+    )
+    lone = 3 * PROBE_GAP + 1
+
+    async def scenario():
+        batcher = started(model, 64, 0)
+        for sending[0] in range(lone):
+            await batcher.infer({"input": DIGITS[:1]})
+        probed = list(queued)
+        for _ in range(2):  # bursts of 8 concurrent requests
+            await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(8)))
+        await batcher.stop()
+        return probed
+
+    probed = run(scenario())
+    assert probed == [n for n in range(lone) if probes(n)] and recorder.sizes[:lone] == [1] * lone
+    assert recorder.sizes[lone:] == [1, 7, 8]
+
+
+def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, monkeypatch) -> None:
+    """A request run alone on the one instance whose client leaves meanwhile: its run finishes
+    on the thread, holding the instance, and the requests that come meanwhile gather behind it
+    into one batch instead of being handed to the busy thread one by one."""
+    release = threading.Event()
+    sizes: list[int] = []
+    real = model.infer
+
+    def infer(inputs, outputs=None):
+        sizes.append(len(inputs["input"]))
+        if len(sizes) == 4:  # the fourth run, after three batches of one: held
+            release.wait(10)
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(model, "infer", infer)
+
+    async def scenario():
+        batcher = started(model, 64, 0)
+        for _ in range(3):  # batches of one in a row: the next request need not probe
+            await batcher.infer({"input": DIGITS[:1]})
+        leaving = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0.01)  # running alone, on the instance
+        leaving.cancel()
+        waiting = [asyncio.ensure_future(batcher.infer({"input": DIGITS[:2]}))]
+        await asyncio.sleep(0.01)
+        waiting.append(asyncio.ensure_future(batcher.infer({"input": DIGITS[:3]})))
+        await asyncio.sleep(0.01)
+        none_ran = not any(w.done() for w in waiting)
+        release.set()
+        results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=5)
+        await batcher.stop()
+        return leaving.cancelled(), none_ran, results
+
+    left, none_ran, results = run(scenario())
+    assert left and none_ran
+    assert [r["logits"].shape for r in results] == [(2, 10), (3, 10)]
+    assert sizes == [1, 1, 1, 1, 5]
