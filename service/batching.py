@@ -38,6 +38,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -204,7 +205,7 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self.instances = instances  # batches running at once on worker threads
         self._instances = asyncio.Semaphore(instances)
-        self._running: set[asyncio.Future[object]] = set()  # runs on worker threads
+        self._running: set[asyncio.Future[Any]] = set()  # runs on worker threads
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -420,7 +421,7 @@ class Batcher:
         self.runs.record_alone(size, began - handed, took)
         return results
 
-    def _ran_alone(self, run: asyncio.Future[object]) -> None:
+    def _ran_alone(self, run: asyncio.Future[Any]) -> None:
         self._running.discard(run)
         self._instances.release()
 

@@ -451,11 +451,12 @@ def test_a_lone_client_on_threads_skips_the_queue_between_probes(model, monkeypa
     recorder = Recorder(model, monkeypatch)
     queued: list[int] = []  # which of the lone client's requests were queued
     sending = [0]
-    real_request = _Request
-    monkeypatch.setattr(
-        "service.batching._Request",
-        lambda *a, **k: queued.append(sending[0]) or real_request(*a, **k),
-    )
+
+    def request(*args, **kwargs) -> _Request:
+        queued.append(sending[0])
+        return _Request(*args, **kwargs)
+
+    monkeypatch.setattr("service.batching._Request", request)
     lone = 3 * PROBE_GAP + 1
 
     async def scenario():
