@@ -272,7 +272,7 @@ class Batcher:
             else:  # no company lately, or none came: a batch of this request alone
                 results = self._run_alone(inputs, size, arrived)
             return {n: results[n] for n in outputs} if outputs else results
-        if self._free and not self._pending and not self._instances.locked():  # on threads
+        if not self.inline and self._free and not self._pending and not self._instances.locked():
             self._free -= 1  # a batch of one, as runs_alone counts it
             results = await self._run_alone_on_thread(inputs, size, deadline)
             return {n: results[n] for n in outputs} if outputs else results

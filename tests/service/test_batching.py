@@ -511,3 +511,32 @@ def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, m
     assert left and none_ran
     assert [r["logits"].shape for r in results] == [(2, 10), (3, 10)]
     assert sizes == [1, 1, 1, 1, 5]
+
+
+def test_an_inline_batcher_runs_every_batch_on_the_loop(model, monkeypatch) -> None:
+    """Inline, a request that comes while a batch gathers joins it, on the loop, even when a
+    full batch of one ran meanwhile and left lone runs to come (``_ran``): never a thread."""
+    threads: list[threading.Thread] = []
+    real = model.infer
+
+    def infer(inputs, outputs=None):
+        threads.append(threading.current_thread())
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(model, "infer", infer)
+
+    async def scenario():
+        batcher = started(model, 4, 0, inline=True)
+        for _ in range(2):  # two batches of one: the next request probes, and leads a batch
+            await batcher.infer({"input": DIGITS[:1]})
+        results = await asyncio.gather(
+            batcher.infer({"input": DIGITS[:1]}),  # leads, gathering
+            after(1, lambda: batcher.infer({"input": DIGITS[:4]})),  # full alone: a third of one
+            after(2, lambda: batcher.infer({"input": DIGITS[:2]})),  # comes while it gathers
+        )
+        await batcher.stop()
+        return results
+
+    results = run(scenario())
+    assert [r["logits"].shape[0] for r in results] == [1, 4, 2]
+    assert threads and all(t is threading.main_thread() for t in threads), threads
