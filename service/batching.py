@@ -129,6 +129,11 @@ def _expire(request: _Request, deadline: Deadline | None, passed_only: bool = Fa
         request.expiry = asyncio.get_running_loop().call_later(left, _expire, request, deadline)
 
 
+def _asked(results: Outputs, outputs: list[str] | None) -> Outputs:
+    """The outputs a request asked for by name, or all of them."""
+    return {n: results[n] for n in outputs} if outputs else results
+
+
 def timed_infer(
     model: Model, feed: dict[str, np.ndarray], deadline: Deadline | None = None
 ) -> tuple[Outputs, int, int]:
@@ -271,11 +276,11 @@ class Batcher:
                 results = await request.future
             else:  # no company lately, or none came: a batch of this request alone
                 results = self._run_alone(inputs, size, arrived)
-            return {n: results[n] for n in outputs} if outputs else results
+            return _asked(results, outputs)
         if not self.inline and self._free and not self._pending and not self._instances.locked():
             self._free -= 1  # a batch of one, as runs_alone counts it
             results = await self._run_alone_on_thread(inputs, size, deadline)
-            return {n: results[n] for n in outputs} if outputs else results
+            return _asked(results, outputs)
         future: asyncio.Future[Outputs] = loop.create_future()
         request = _Request(inputs, size, future, deadline=deadline)
         self._pending.append(request)
@@ -295,7 +300,7 @@ class Batcher:
             else:  # no company lately: do not wait a loop iteration for none
                 self._run_inline()
         results = await future
-        return {n: results[n] for n in outputs} if outputs else results
+        return _asked(results, outputs)
 
     # ---- inline --------------------------------------------------------------------------------
 
