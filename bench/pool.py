@@ -78,8 +78,10 @@ def pool(runs: list[Results]) -> Results:
         },
         http=pool_rows([run.http for run in runs]),
         activations=pool_rows([run.activations for run in runs]),
-        instructions={
-            state: statistics.fmean(count[state] for count in counts) for state in counts[0]
+        instructions={  # the states every run counted (older runs counted fewer)
+            state: statistics.fmean(count[state] for count in counts)
+            for state in counts[0]
+            if all(state in count for count in counts)
         }
         if counts
         else {},
