@@ -3,8 +3,7 @@
 On a shared machine two timings a minute apart differ by more than batching on and off do for a
 lone client (c=1); the count of instructions each executes does not. ``count`` runs this module
 under callgrind: it serves ``CALLS`` small requests (``DataPlane.infer``, batch of one, one at a
-time) with batching on, on without ever looking for company, and off, each inside one
-``operator.call``, the only window
+time) with batching on and then off, each inside one ``operator.call``, the only window
 callgrind collects in (``--toggle-collect``; nothing else in the process calls it), and writes
 each window's total as a part of its own (``--dump-after``). The requests' onnxruntime runs are
 in the count, HTTP is not. Under callgrind a run takes some 50 times as long, so the inline
@@ -27,10 +26,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from unittest.mock import patch
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,16 +40,11 @@ SMALL = "digits-mlp"
 CALLS = 2000
 WARMUP = 200  # calls before the window: caches, lazy imports, the batcher's first probes
 STATES = ("batching on", "batching off")
-# Batching on with ``next_probe`` patched never to look for company again after the first two
-# requests: what batching on adds for a lone client, split into its check on every request
-# (this state against off) and its look for company on 1 request in 256 (on against this).
-NO_LOOKS = "batching on, never looking for company"
-COUNTED = (STATES[0], NO_LOOKS, STATES[1])
 WINDOW = "_operator_call"  # operator.call, in C
 
 
 def count(repository: Path, inputs: np.ndarray, calls: int = CALLS) -> dict[str, float] | None:
-    """Instructions per request in each of ``COUNTED``, each request a batch of ``inputs``;
+    """Instructions per request with batching on and off, each request a batch of ``inputs``;
     None without valgrind."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -72,9 +64,9 @@ def count(repository: Path, inputs: np.ndarray, calls: int = CALLS) -> dict[str,
         )  # fmt: skip
         parts = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         totals = [total(p.read_text()) for p in parts]
-    if len(totals) != len(COUNTED):
-        raise RuntimeError(f"callgrind wrote {len(totals)} parts, not {len(COUNTED)}")
-    return {state: t / calls for state, t in zip(COUNTED, totals, strict=True)}
+    if len(totals) != len(STATES):
+        raise RuntimeError(f"callgrind wrote {len(totals)} parts, not {len(STATES)}")
+    return {state: t / calls for state, t in zip(STATES, totals, strict=True)}
 
 
 def total(profile: str) -> int:
@@ -108,29 +100,19 @@ def serve_one(plane: DataPlane, request: InferenceRequest, times: int = 1) -> No
             pass
 
 
-def never_look(alone: int) -> int:
-    """``next_probe`` for ``NO_LOOKS``: after two batches of one, no request looks for company
-    again."""
-    return alone if alone <= 1 else 1 << 62
-
-
 async def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
     """``calls`` small requests of ``inputs``, one at a time, through each state's
     ``DataPlane.infer``, inside one ``operator.call`` for each state."""
-    from service import batching
     from service.dataplane import DataPlane
     from service.inference import InferenceRequest, RequestInput
     from service.settings import Settings
 
     request = InferenceRequest([RequestInput(inputs)])
-    for state in COUNTED:
-        looks: AbstractContextManager[Any] = (
-            patch.object(batching, "next_probe", never_look) if state == NO_LOOKS else nullcontext()
-        )
+    for state in STATES:
         plane = DataPlane(
             Settings(
                 model_repository=repository,
-                batching=state != "batching off",
+                batching=state == "batching on",
                 max_queue_delay_us=0,  # a request that looks for company yields, bare
                 model_control_mode="explicit",
                 load_models=[SMALL],
@@ -140,13 +122,12 @@ async def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
                 compile_activations=False,  # the kernels are not on this path
             )
         )
-        with looks:
-            await plane.start()
-            instrument(True)
-            serve_one(plane, request, WARMUP)
-            operator.call(serve_one, plane, request, calls)
-            instrument(False)
-            await plane.stop()
+        await plane.start()
+        instrument(True)
+        serve_one(plane, request, WARMUP)
+        operator.call(serve_one, plane, request, calls)
+        instrument(False)
+        await plane.stop()
 
 
 if __name__ == "__main__":

@@ -78,10 +78,8 @@ def pool(runs: list[Results]) -> Results:
         },
         http=pool_rows([run.http for run in runs]),
         activations=pool_rows([run.activations for run in runs]),
-        instructions={  # the states every run counted (older runs counted fewer)
-            state: statistics.fmean(count[state] for count in counts)
-            for state in counts[0]
-            if all(state in count for count in counts)
+        instructions={
+            state: statistics.fmean(count[state] for count in counts) for state in counts[0]
         }
         if counts
         else {},

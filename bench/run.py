@@ -891,15 +891,10 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
             http(OFF_AGAIN, low), 0.0)  # fmt: skip
     if counted := results.instructions:  # what the c=1 rows' timings are within noise of
         on, off = (counted[state] for state in instructions.STATES)
-        split = ""
-        if (unlooked := counted.get(instructions.NO_LOOKS)) is not None:  # not in older runs
-            split = (f"; of the {on - off:+,.0f} a request, the check whether to batch (every "
-                     f"request) {unlooked - off:+,.0f}, the looks for company (1 request in "
-                     f"256) {on - unlooked:+,.0f}")  # fmt: skip
         rows.append((
             "in process, one request at a time: batching on's instructions per request against "
             "off's (no target: counted by callgrind, not timed)",
-            f"{on / off:.3f}x ({on:,.0f} / {off:,.0f}{split})", True,
+            f"{on / off:.3f}x ({on:,.0f} / {off:,.0f})", True,
         ))  # fmt: skip
     v1, naive = http("v1 predict, batching on"), http("naive app")
     compare(f"v1 at c={top} >= {TARGET_NAIVE_RATIO:g}x the naive app", v1, naive,
