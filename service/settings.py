@@ -101,20 +101,21 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         1024,
         gt=0,
-        description="Open connections per server process; one more gets 503 with Retry-After "
-        "and is closed.",
+        description="Open connections per server process and face; one more gets 503 with "
+        "Retry-After and is closed (gRPC: closed before its handshake). gRPC's calls in flight "
+        "are bounded alike (RESOURCE_EXHAUSTED beyond).",
     )
     keep_alive_seconds: float = Field(
         5.0,
         gt=0,
-        description="An idle connection (before its first request, or between requests) is "
-        "closed after this long.",
+        description="An idle connection (before its first request, or between requests; gRPC: "
+        "no call in flight) is closed after this long.",
     )
     header_timeout_seconds: float = Field(
         10.0,
         gt=0,
         description="From a request's first byte to the end of its headers; slower gets 408 "
-        "and the connection is closed.",
+        "and the connection is closed (gRPC: a connection's HTTP/2 handshake).",
     )
     body_timeout_seconds: float = Field(
         30.0,

@@ -6,7 +6,7 @@ asyncio server), on ``GELU_GRPC_PORT``, started and stopped with the core by the
 lifespan. Every method translates to the same ``DataPlane`` call the HTTP routes make, so both
 protocols get the same checks, limits, batches (requests of both form shared batches),
 statistics and metrics; a ``ServiceError`` becomes one gRPC status (``STATUS_CODES``) with its
-message.
+message. The HTTP face's connection limits hold here too, in grpcio's terms (``GrpcServer``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ STATUS_CODES = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+# A status's message travels in a trailer, percent-encoded (up to 3 bytes for each byte of UTF-8,
+# up to 4 for a character), and clients drop trailers above 8 KiB (grpc.max_metadata_size) for
+# "Stream removed": a message naming a long string a client sent is cut in its middle to fit.
+MAX_DETAILS_CHARS = 512
 Reply = TypeVar("Reply")
 
 
@@ -196,8 +200,16 @@ async def _abort(
     context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
 ) -> NoReturn:
     """End the call with ``code`` (grpcio's ``abort`` raises)."""
-    await context.abort(code, message)
+    await context.abort(code, fit_details(message))
     raise AssertionError("unreachable: abort raises")
+
+
+def fit_details(message: str) -> str:
+    """``message``, cut in its middle to at most ``MAX_DETAILS_CHARS`` when longer."""
+    if len(message) <= MAX_DETAILS_CHARS:
+        return message
+    half = MAX_DETAILS_CHARS // 2 - 20  # room for the mark of the cut
+    return f"{message[:half]}…({len(message) - 2 * half} characters cut)…{message[-half:]}"
 
 
 def reflection_pool() -> Any:
@@ -216,23 +228,31 @@ def reflection_pool() -> Any:
 class GrpcServer:
     """grpcio's asyncio server with the inference service, health and reflection."""
 
-    def __init__(
-        self,
-        plane: DataPlane,
-        address: str,
-        max_message_bytes: int,
-        share_port: bool = False,
-    ) -> None:
+    def __init__(self, plane: DataPlane, address: str, share_port: bool = False) -> None:
         self.plane = plane
         self.address = address
+        limits = plane.settings
         options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", limits.max_body_bytes),
             ("grpc.max_send_message_length", -1),
+            # The HTTP face's connection limits, in grpcio's terms: a connection beyond
+            # GELU_MAX_CONNECTIONS is closed before its handshake (the client sees UNAVAILABLE),
+            # one whose HTTP/2 handshake takes longer than a request's headers may is closed, and
+            # one with no call in flight for GELU_KEEP_ALIVE_SECONDS is sent GOAWAY (a client's
+            # channel reconnects on its next call). Without them, a client opening connections
+            # used up the process's file descriptors, and HTTP stopped answering too.
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            ("grpc.server_handshake_timeout_ms", round(limits.header_timeout_seconds * 1000)),
+            ("grpc.max_connection_idle_ms", round(limits.keep_alive_seconds * 1000)),
             # Each worker of `serve --workers N` binds the same port; a lone process must not
             # share its port with another server by accident.
             ("grpc.so_reuseport", 1 if share_port else 0),
         ]
-        self._server = grpc.aio.server(options=options)
+        # One HTTP/2 connection carries many calls: as many in flight as HTTP's connections
+        # can carry requests; one more gets RESOURCE_EXHAUSTED before its message is read.
+        self._server = grpc.aio.server(
+            options=options, maximum_concurrent_rpcs=limits.max_connections
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None, core: DataPlane | None = None) 
 
                 address = f"{settings.grpc_host or '127.0.0.1'}:{settings.grpc_port}"
                 share = settings.workers > 1
-                grpc_server = GrpcServer(plane, address, settings.max_body_bytes, share)
+                grpc_server = GrpcServer(plane, address, share)
                 await grpc_server.start()
         except StartupError as exc:
             # One line names what is at fault; the traceback only helps at debug level.

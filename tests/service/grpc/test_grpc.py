@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,8 +24,9 @@ import pytest
 from bench.proc import pin_tree
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
+from service.grpc.server import MAX_DETAILS_CHARS
 from tests.helpers import DIGITS
-from tests.service.rest.test_limits import running
+from tests.service.rest.test_limits import get, running
 from tests.service.rest.test_server import free_port
 from tests.service.rest.test_v2 import binary_request
 
@@ -246,6 +248,8 @@ def _with(request: pb.ModelInferRequest, **changes) -> pb.ModelInferRequest:
         tensor.shape.extend(changes["shape"])
     if "datatype" in changes:
         tensor.datatype = changes["datatype"]
+    if "name" in changes:
+        tensor.name = changes["name"]
     return request
 
 
@@ -275,6 +279,98 @@ def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
     assert needle in caught.value.details()
     assert stub.ServerLive(pb.ServerLiveRequest()).live
     assert len(stub.ModelInfer(raw_request(DIGITS[:1])).raw_output_contents) == 2
+
+
+@pytest.mark.parametrize("name", ["x" * 100_000, "\U0001f600" * 100_000])
+def test_a_long_string_a_client_sent_is_cut_from_the_message_to_fit_its_trailer(
+    server: Server, name: str
+) -> None:
+    """Echoed whole, a 10 KB name made the message's trailer larger than a client accepts:
+    RESOURCE_EXHAUSTED "Stream removed" instead of the error. A 4-byte character is the worst
+    case: 12 bytes percent-encoded."""
+    for request in (
+        raw_request(DIGITS[:1], model=name),
+        _with(typed_request(DIGITS[:1]), name=name),
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            server.stub().ModelInfer(request)
+        details = caught.value.details()
+        assert caught.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+        assert details.startswith(("unknown model '", "unknown input '")), details[:100]
+        assert "characters cut)" in details and len(details) <= MAX_DETAILS_CHARS
+
+
+def test_readme_quotes_the_cut() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert f"longer than {MAX_DETAILS_CHARS} characters" in readme
+
+
+def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: Path) -> None:
+    """GELU_MAX_CONNECTIONS bounds gRPC's connections and its calls in flight, as HTTP's
+    connections: before, a client opening connections used up the process's file descriptors
+    and HTTP stopped answering too. A silent connection is closed after
+    GELU_HEADER_TIMEOUT_SECONDS, an idle one after GELU_KEEP_ALIVE_SECONDS (GOAWAY)."""
+    env = {
+        "GELU_MAX_CONNECTIONS": "2",
+        "GELU_MAX_QUEUE_DELAY_US": "1500000",  # a call waits this long for company
+        "GELU_KEEP_ALIVE_SECONDS": "3",
+        "GELU_HEADER_TIMEOUT_SECONDS": "1",
+    }
+    for server in grpc_server(model_repository, **env):
+        # Calls: two in flight on one connection, waiting for company; a third is refused.
+        assert asyncio.run(_third_of_three_calls(server.address)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED, 2, 2
+        )  # fmt: skip
+        # Connections: two held, once the call's is let go; a third refused until they have
+        # been idle long enough to be let go too.
+        held = [_connected(server.address) for _ in range(2)]
+        assert _live(_channel(server.address)) == grpc.StatusCode.UNAVAILABLE
+        assert get(server.http_port, "/v2/health/live")[0] == 200  # HTTP keeps its own
+        _connected(server.address)
+        assert all(_live(channel) is None for channel in held)  # they connect again
+        # A connection that never finishes its handshake is closed.
+        with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as silent:
+            while silent.recv(65536):  # the server's SETTINGS, then the end
+                pass
+
+
+async def _third_of_three_calls(address: str) -> tuple[grpc.StatusCode, int, int]:
+    """Two calls at once, then a third; the third's status, and the outputs of the others."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        first = [asyncio.ensure_future(stub.ModelInfer(raw_request(DIGITS[:1]))) for _ in "ab"]
+        await asyncio.sleep(0.3)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ModelInfer(raw_request(DIGITS[:1]))
+        answers = [len((await call).outputs) for call in first]
+        return caught.value.code(), *answers
+
+
+def _channel(address: str) -> grpc.Channel:
+    """A channel with a connection of its own (not shared with the process's other channels)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def _connected(address: str) -> grpc.Channel:
+    """A channel of its own that has answered, within 15 s."""
+    deadline = time.monotonic() + 15
+    while _live(channel := _channel(address)) is not None:
+        assert time.monotonic() < deadline, "no connection was let in"
+        time.sleep(0.5)
+    return channel
+
+
+def _live(channel: grpc.Channel) -> grpc.StatusCode | None:
+    """ServerLive's error code on ``channel``, None when it answers."""
+    try:
+        assert (
+            pb_grpc.GRPCInferenceServiceStub(channel)
+            .ServerLive(pb.ServerLiveRequest(), timeout=3)
+            .live
+        )
+    except grpc.RpcError as exc:
+        return exc.code()
+    return None
 
 
 def test_unimplemented_methods_say_so(server: Server) -> None:
