@@ -121,7 +121,7 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="From the end of a request's headers to the end of its body; slower gets "
-        "408 and the connection is closed.",
+        "408 and the connection is closed (gRPC: a call's one message, DEADLINE_EXCEEDED).",
     )
     max_queue_size: int = Field(
         256,

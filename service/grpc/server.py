@@ -6,7 +6,8 @@ asyncio server), on ``GELU_GRPC_PORT``, started and stopped with the core by the
 lifespan. Every method translates to the same ``DataPlane`` call the HTTP routes make, so both
 protocols get the same checks, limits, batches (requests of both form shared batches),
 statistics and metrics; a ``ServiceError`` becomes one gRPC status (``STATUS_CODES``) with its
-message. The HTTP face's connection limits hold here too, in grpcio's terms (``GrpcServer``).
+message. The HTTP face's connection limits hold here too, in grpcio's terms (``GrpcServer``,
+``ReadWithin``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -225,6 +226,54 @@ def reflection_pool() -> Any:
     return pb.POOL
 
 
+class ReadWithin(grpc.aio.ServerInterceptor):
+    """A call with one request message gets it within ``seconds`` of its start, or ends with
+    DEADLINE_EXCEEDED: grpcio would wait for it as long as the connection lives, one of the calls
+    in flight (``maximum_concurrent_rpcs``) held all the while, as HTTP's slow bodies would hold
+    connections without GELU_BODY_TIMEOUT_SECONDS. Each such method is served as its
+    client-streaming twin, which reads the message itself (the wire is the same); a stream of
+    requests is the client's to pace."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        # One per method of the server's services, built on its first call.
+        self._twins: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        twin = self._twins.get(details.method)
+        if twin is not None:
+            return twin
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler  # unknown (UNIMPLEMENTED), or a stream: health's Watch, reflection
+        twin = self._twins[details.method] = grpc.stream_unary_rpc_method_handler(
+            self._reading(handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        return twin
+
+    def _reading(self, behavior: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+        seconds = self.seconds
+
+        async def read_then_answer(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                async with asyncio.timeout(seconds):
+                    request = await context.read()
+            except TimeoutError:
+                message = f"no request message within {seconds:g} s (GELU_BODY_TIMEOUT_SECONDS)"
+                await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+            if request is grpc.aio.EOF:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+            return await behavior(request, context)
+
+        return read_then_answer
+
+
 class GrpcServer:
     """grpcio's asyncio server with the inference service, health and reflection."""
 
@@ -251,7 +300,9 @@ class GrpcServer:
         # One HTTP/2 connection carries many calls: as many in flight as HTTP's connections
         # can carry requests; one more gets RESOURCE_EXHAUSTED before its message is read.
         self._server = grpc.aio.server(
-            options=options, maximum_concurrent_rpcs=limits.max_connections
+            options=options,
+            interceptors=[ReadWithin(limits.body_timeout_seconds)],
+            maximum_concurrent_rpcs=limits.max_connections,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self._server)
         self._health = health.aio.HealthServicer()

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -309,12 +310,14 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
     """GELU_MAX_CONNECTIONS bounds gRPC's connections and its calls in flight, as HTTP's
     connections: before, a client opening connections used up the process's file descriptors
     and HTTP stopped answering too. A silent connection is closed after
-    GELU_HEADER_TIMEOUT_SECONDS, an idle one after GELU_KEEP_ALIVE_SECONDS (GOAWAY)."""
+    GELU_HEADER_TIMEOUT_SECONDS, an idle one after GELU_KEEP_ALIVE_SECONDS (GOAWAY), and a
+    call whose message does not come ends after GELU_BODY_TIMEOUT_SECONDS."""
     env = {
         "GELU_MAX_CONNECTIONS": "2",
         "GELU_MAX_QUEUE_DELAY_US": "1500000",  # a call waits this long for company
         "GELU_KEEP_ALIVE_SECONDS": "3",
         "GELU_HEADER_TIMEOUT_SECONDS": "1",
+        "GELU_BODY_TIMEOUT_SECONDS": "1",
     }
     for server in grpc_server(model_repository, **env):
         # Calls: two in flight on one connection, waiting for company; a third is refused.
@@ -326,12 +329,59 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
         held = [_connected(server.address) for _ in range(2)]
         assert _live(_channel(server.address)) == grpc.StatusCode.UNAVAILABLE
         assert get(server.http_port, "/v2/health/live")[0] == 200  # HTTP keeps its own
-        _connected(server.address)
-        assert all(_live(channel) is None for channel in held)  # they connect again
+        channel = _connected(server.address)
+        for idle in held:
+            idle.close()
+        # Two calls whose message never comes hold both calls in flight, until they are ended.
+        with _stalled_calls(server.grpc_port, 2) as stalled:
+            assert _live(channel) == grpc.StatusCode.RESOURCE_EXHAUSTED
+            _connected(server.address, channel)
+            assert stalled.recv(65536)  # their ends (the server's SETTINGS came before)
         # A connection that never finishes its handshake is closed.
         with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as silent:
             while silent.recv(65536):  # the server's SETTINGS, then the end
                 pass
+
+
+@contextmanager
+def _stalled_calls(port: int, calls: int) -> Iterator[socket.socket]:
+    """A connection with ``calls`` ModelInfer calls whose message is announced, 100 bytes long,
+    and never sent: HTTP/2 frames written by hand (HPACK literals, no Huffman)."""
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        return (
+            len(payload).to_bytes(3, "big")
+            + bytes([kind, flags])
+            + stream.to_bytes(4, "big")
+            + payload
+        )
+
+    def literal(name: str, value: str) -> bytes:
+        return bytes([0, len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+    headers = b"".join(
+        literal(name, value)
+        for name, value in [
+            (":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+        ]
+    )  # fmt: skip
+    deadline = time.monotonic() + 15
+    while True:  # until a connection is let in: the server's SETTINGS come
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(4, 1, 0))
+        if sock.recv(65536):
+            break
+        sock.close()
+        assert time.monotonic() < deadline, "no connection was let in"
+        time.sleep(0.5)
+    with sock:
+        for stream in range(1, 2 * calls, 2):
+            announced = b"\x00" + (100).to_bytes(4, "big") + b"\x0a"  # 1 of 100 bytes
+            sock.sendall(frame(1, 4, stream, headers) + frame(0, 0, stream, announced))
+        time.sleep(0.3)
+        yield sock
 
 
 async def _third_of_three_calls(address: str) -> tuple[grpc.StatusCode, int, int]:
@@ -351,13 +401,13 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-def _connected(address: str) -> grpc.Channel:
-    """A channel of its own that has answered, within 15 s."""
+def _connected(address: str, channel: grpc.Channel | None = None) -> grpc.Channel:
+    """``channel``, else a new one of its own each try, once it has answered, within 15 s."""
     deadline = time.monotonic() + 15
-    while _live(channel := _channel(address)) is not None:
-        assert time.monotonic() < deadline, "no connection was let in"
+    while _live(answered := channel or _channel(address)) is not None:
+        assert time.monotonic() < deadline, "no call was let in"
         time.sleep(0.5)
-    return channel
+    return answered
 
 
 def _live(channel: grpc.Channel) -> grpc.StatusCode | None:
