@@ -315,9 +315,10 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
     env = {
         "GELU_MAX_CONNECTIONS": "2",
         "GELU_MAX_QUEUE_DELAY_US": "1500000",  # a call waits this long for company
-        "GELU_KEEP_ALIVE_SECONDS": "3",
+        # Wide enough that a busy machine's delays do not let connections or calls go early.
+        "GELU_KEEP_ALIVE_SECONDS": "5",
         "GELU_HEADER_TIMEOUT_SECONDS": "1",
-        "GELU_BODY_TIMEOUT_SECONDS": "1",
+        "GELU_BODY_TIMEOUT_SECONDS": "3",
     }
     for server in grpc_server(model_repository, **env):
         # Calls: two in flight on one connection, waiting for company; a third is refused.
@@ -402,8 +403,9 @@ def _channel(address: str) -> grpc.Channel:
 
 
 def _connected(address: str, channel: grpc.Channel | None = None) -> grpc.Channel:
-    """``channel``, else a new one of its own each try, once it has answered, within 15 s."""
-    deadline = time.monotonic() + 15
+    """``channel``, else a new one of its own each try, once it has answered, within 30 s (grpc
+    lets an idle connection go one to two keep-alives after its last call)."""
+    deadline = time.monotonic() + 30
     while _live(answered := channel or _channel(address)) is not None:
         assert time.monotonic() < deadline, "no call was let in"
         time.sleep(0.5)
