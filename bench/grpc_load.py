@@ -1,5 +1,7 @@
 """Drive one gRPC method: ``c`` calls in flight on one HTTP/2 channel, for a while, from its own
-process (pinned like wrk); its figures come back as the JSON of ``bench.wrk.run_wrk``.
+process (pinned like wrk); its figures come back as the JSON of ``bench.wrk.run_wrk``. For
+Triton's ModelStreamInfer (``STREAM_METHOD``), ``c`` requests in flight on one call instead,
+the next written as each answer is read.
 
 A small grpcio asyncio client rather than ghz (npm holds only a placeholder, and no registry
 here serves its binary): requests are serialized once and sent as bytes, responses kept as
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +28,21 @@ import grpc
 
 from bench.proc import client_command
 
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
 
 async def drive(address: str, method: str, body: bytes, concurrency: int, seconds: float) -> dict:
-    """Calls back to back from ``concurrency`` tasks; latencies and errors."""
+    """Calls back to back from ``concurrency`` tasks (or requests on one stream); latencies
+    and errors."""
     latencies: list[float] = []
     errors = 0
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary(method)  # bytes in, bytes out: no (de)serialization
         deadline = time.perf_counter() + seconds
-
-        async def user() -> None:
-            nonlocal errors
-            while (began := time.perf_counter()) < deadline:
-                try:
-                    await call(body, timeout=10)
-                except grpc.aio.AioRpcError:
-                    errors += 1
-                latencies.append(time.perf_counter() - began)
-
         started, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(user() for _ in range(concurrency)))
+        if method == STREAM_METHOD:
+            errors = await _stream(channel, body, concurrency, deadline, latencies)
+        else:
+            errors = await _calls(channel, method, body, concurrency, deadline, latencies)
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
     latencies.sort()
@@ -65,6 +63,60 @@ async def drive(address: str, method: str, body: bytes, concurrency: int, second
         # mean the client, not the server, set the pace.
         "client_cores": cpu / elapsed,
     }
+
+
+async def _calls(
+    channel: grpc.aio.Channel,
+    method: str,
+    body: bytes,
+    concurrency: int,
+    deadline: float,
+    latencies: list[float],
+) -> int:
+    """Unary calls back to back from ``concurrency`` tasks until ``deadline``; the errors."""
+    call = channel.unary_unary(method)  # bytes in, bytes out: no (de)serialization
+    errors = 0
+
+    async def user() -> None:
+        nonlocal errors
+        while (began := time.perf_counter()) < deadline:
+            try:
+                await call(body, timeout=10)
+            except grpc.aio.AioRpcError:
+                errors += 1
+            latencies.append(time.perf_counter() - began)
+
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return errors
+
+
+async def _stream(
+    channel: grpc.aio.Channel,
+    body: bytes,
+    concurrency: int,
+    deadline: float,
+    latencies: list[float],
+) -> int:
+    """One ModelStreamInfer call with ``concurrency`` requests in flight until ``deadline``,
+    each answer's latency from its request's write (answers come in the order sent); the
+    answers that carry an error (field 1, ``error_message``, serialized first)."""
+    call = channel.stream_stream(STREAM_METHOD)()
+    sent: deque[float] = deque()
+    errors = 0
+    for _ in range(concurrency):
+        sent.append(time.perf_counter())
+        await call.write(body)
+    while sent:
+        answer = await call.read()
+        if answer is grpc.aio.EOF:  # the call ended early: the rest are errors
+            return errors + len(sent)
+        latencies.append(time.perf_counter() - sent.popleft())
+        errors += answer[:1] == b"\x0a"
+        if time.perf_counter() < deadline:
+            sent.append(time.perf_counter())
+            await call.write(body)
+    await call.done_writing()
+    return errors
 
 
 def run_grpc(

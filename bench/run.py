@@ -41,7 +41,7 @@ import numpy as np
 from bench import instructions
 from bench.arguments import ACTIVATION_VALUES, ROOT, add_arguments
 from bench.floor import GRPC_METHOD
-from bench.grpc_load import run_grpc
+from bench.grpc_load import STREAM_METHOD, run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
 from bench.speed import HostSpeed, apart
 from bench.wrk import Request, run_wrk
@@ -353,7 +353,8 @@ def sample_inputs(n_features: int) -> np.ndarray:
 
 
 def requests_for(model: str, x: np.ndarray) -> dict[str, Request]:
-    """V1 JSON, V2 JSON, V2 binary and V2 gRPC (raw contents) requests carrying ``x``."""
+    """V1 JSON, V2 JSON, V2 binary and V2 gRPC (raw contents; as ModelInfer calls, and on one
+    ModelStreamInfer call) requests carrying ``x``."""
     from service.grpc import inference_pb2 as pb
 
     grpc_request = pb.ModelInferRequest(model_name=model)
@@ -387,6 +388,7 @@ def requests_for(model: str, x: np.ndarray) -> dict[str, Request]:
             },
         ),
         "grpc": Request(GRPC_PREFIX + GRPC_METHOD, grpc_request.SerializeToString(), {}),
+        "grpc-stream": Request(GRPC_PREFIX + STREAM_METHOD, grpc_request.SerializeToString(), {}),
     }
 
 
@@ -923,6 +925,9 @@ def targets(results: Results, large: str) -> list[tuple[str, str, bool]]:
     compare(f"grpc at c={top} against the gRPC floor (no target)", grpc, http("grpc floor"), 0.0)
     compare(f"grpc at c={top} against v2-binary over HTTP (no target)", grpc,
             http("v2-binary predict, batching on"), 0.0)  # fmt: skip
+    compare(f"grpc-stream at c={top} against grpc (no target: {top} requests in flight on one "
+            f"ModelStreamInfer call, against {top} ModelInfer calls)",
+            http("grpc-stream predict, batching on"), grpc, 0.0)  # fmt: skip
     compare(f"{large} at c={top}: batching on >= {TARGET_BATCHING_GAIN:g}x off",
             http(f"{large} v2-binary, batching on"), http(f"{large} v2-binary, batching off"),
             TARGET_BATCHING_GAIN)  # fmt: skip
@@ -1051,6 +1056,8 @@ def write_report(results: Results, out: Path) -> None:
         "",
         "The gRPC rows are ModelInfer with raw tensor contents, from a grpcio asyncio client of "
         "our own in its own process on the client core (no gRPC load generator installs here); "
+        "the grpc-stream rows send the same requests on one ModelStreamInfer call, with as many "
+        "in flight as the concurrency says, the next written as each answer is read; "
         "`client_cores` in benchmarks.json is its CPU use, well under one core at every point, "
         "so the server sets the pace.",
         "",

@@ -52,6 +52,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
             "v1 predict, batching on", "v2-binary predict, batching on",
             "v1 predict, batching off", "v2-binary predict, batching off", "grpc floor",
             "grpc predict, batching on", "grpc predict, batching off",
+            "grpc-stream predict, batching on", "grpc-stream predict, batching off",
             "v1 predict, batching off, a second server"} <= scenarios  # fmt: skip
     for row in report["http"]:
         if row["scenario"].startswith("grpc"):  # its client measured itself: not saturated

@@ -13,7 +13,7 @@ together there, as in one process.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -73,8 +73,20 @@ class GeluServe(serve.ingress(create_app)()):  # type: ignore[misc]
             self._servicer = InferenceServicer(self.app.state.dataplane)
         return self._servicer
 
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], grpc_context: Any = None
+    ) -> AsyncIterator[Any]:
+        """The protocol's stream through Ray's gRPC proxy, which hands the replica the requests
+        as they come and writes the answers it yields; a failure that ends the call
+        (``triton_grpc_error``) is raised with its status set on Ray's context, which the
+        proxy answers with."""
+        async for answer in self.servicer.stream_answers(requests, _RayContext(grpc_context)):
+            yield answer
+
 
 for _method in METHODS:
+    if _method.client_streaming:  # ModelStreamInfer, above
+        continue
     _response = getattr(pb, _method.output_type.name)
     setattr(GeluServe, _method.name, _grpc_method(_method.name, _response))
 

@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=service_dot_grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=service_dot_grpc_dot_inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=service_dot_grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=service_dot_grpc_dot_inference__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
                 request_serializer=service_dot_grpc_dot_inference__pb2.ModelConfigRequest.SerializeToString,
@@ -130,6 +135,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStreamInfer(self, request_iterator, context):
+        """Triton's streaming extension: many requests on one call, each answered in the order sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModelConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -192,6 +204,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=service_dot_grpc_dot_inference__pb2.ModelInferRequest.FromString,
                     response_serializer=service_dot_grpc_dot_inference__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=service_dot_grpc_dot_inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=service_dot_grpc_dot_inference__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
@@ -381,6 +398,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             service_dot_grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
             service_dot_grpc_dot_inference__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            service_dot_grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
+            service_dot_grpc_dot_inference__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

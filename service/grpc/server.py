@@ -5,9 +5,10 @@ One ``GrpcServer`` runs beside the HTTP face in the same process and event loop 
 asyncio server), on ``GELU_GRPC_PORT``, started and stopped with the core by the app's
 lifespan. Every method translates to the same ``DataPlane`` call the HTTP routes make, so both
 protocols get the same checks, limits, batches (requests of both form shared batches),
-statistics and metrics; a ``ServiceError`` becomes one gRPC status (``STATUS_CODES``) with its
-message. The HTTP face's connection limits hold here too, in grpcio's terms (``GrpcServer``,
-``ReadWithin``).
+statistics and metrics (Triton's ModelStreamInfer takes many requests on one call, each
+answered as ModelInfer would answer it); a ``ServiceError`` becomes one gRPC status
+(``STATUS_CODES``) with its message. The HTTP face's connection limits hold here too, in
+grpcio's terms (``GrpcServer``, ``ReadWithin``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -45,7 +46,43 @@ STATUS_CODES = {
 # up to 4 for a character), and clients drop trailers above 8 KiB (grpc.max_metadata_size) for
 # "Stream removed": a message naming a long string a client sent is cut in its middle to fit.
 MAX_DETAILS_CHARS = 512
+# Requests of one ModelStreamInfer call started and not yet answered, at most: as many as fill a
+# batch for the small models' batchers on the loop, few enough that a stream holds about what a
+# connection does (and no more than GELU_MAX_BODY_BYTES of requests, ``Window``).
+STREAM_WINDOW = 64
 Reply = TypeVar("Reply")
+Started = asyncio.Queue[tuple[asyncio.Task[Any], int, str] | None]  # a stream's, in order
+
+
+class Failure(NamedTuple):
+    """A call's failure: its gRPC status code and message."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+class Window:
+    """What a stream has read and not yet answered: at most ``requests`` requests of at most
+    ``size`` bytes in all (one request alone always fits: grpcio refuses larger messages)."""
+
+    def __init__(self, requests: int, size: int) -> None:
+        self.requests, self.size = requests, size
+        self._held = self._bytes = 0
+        self._room = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        """Hold a request of ``size`` bytes, once it fits."""
+        while self._held and (self._held >= self.requests or self._bytes + size > self.size):
+            self._room.clear()
+            await self._room.wait()
+        self._held += 1
+        self._bytes += size
+
+    def give(self, size: int) -> None:
+        """A request of ``size`` bytes answered."""
+        self._held -= 1
+        self._bytes -= size
+        self._room.set()
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -61,20 +98,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         handler: Awaitable[Reply],
         model: str = "",
     ) -> Reply:
+        """Await ``handler`` (``_answer``); a failure ends the call with its status code."""
+        answer = await self._answer(method, handler, model)
+        if isinstance(answer, Failure):
+            await _abort(context, answer.code, answer.message)
+        return answer
+
+    async def _answer(self, method: str, handler: Awaitable[Reply], model: str) -> Reply | Failure:
         """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
-        the status as its HTTP equivalent); answer a ``ServiceError`` with its status code."""
+        the status as its HTTP equivalent); a ``ServiceError`` (or a bug) becomes a ``Failure``
+        with its status code and message."""
         status, began, version = 500, time.perf_counter(), ""
         try:
             reply = await handler
         except ServiceError as exc:
             status = exc.status_code
-            await _abort(context, STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), exc.message)
+            return Failure(STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), exc.message)
         except asyncio.CancelledError:
             status = CLIENT_CLOSED_REQUEST  # the client cancelled, or went away
             raise
         except Exception:
             logger.exception("unhandled error in gRPC %s", method)
-            await _abort(context, grpc.StatusCode.INTERNAL, "internal server error")
+            return Failure(grpc.StatusCode.INTERNAL, "internal server error")
         else:
             status = 200
             version = getattr(reply, "model_version", "")  # the version that served it
@@ -106,6 +151,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         return await self._call("ModelInfer", context, self._infer(request), request.model_name)
+
+    # ModelStreamInfer, a stream of calls rather than one, is with inference below.
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         return await self._call("ModelConfig", context, self._config(request), request.name)
@@ -166,6 +213,72 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         result = await plane.infer(request.model_name, request.model_version or None, decoded)
         response: pb.ModelInferResponse = await plane.codec(size, codec.encode_infer, result, raw)
         return response
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        """Triton's streaming inference: ``stream_answers``, each written as it comes."""
+        answers = self.stream_answers(requests, context)
+        try:
+            async for message in answers:
+                try:
+                    await context.write(message)
+                except grpc.aio.InternalError:
+                    # The client went away while it was written; grpcio logs the failed write
+                    # as an error unless it has seen the client go first, as it does a cancel.
+                    raise asyncio.CancelledError from None
+        finally:
+            await answers.aclose()  # its requests still running are let go now
+
+    async def stream_answers(
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """The answers of a ModelStreamInfer call (here, and on a Ray Serve replica, whose
+        proxy writes them): each request read is started on the core at once (so a
+        stream's requests join batches as concurrent calls' do) and answered in the order read,
+        a failed one in band (``error_message``, the request's id) unless the client asked, as
+        Triton's clients may, for the first failure to end the call (``triton_grpc_error``).
+        Reading stops while the requests started and not yet answered number
+        ``STREAM_WINDOW`` or would hold more than ``GELU_MAX_BODY_BYTES``: HTTP/2's flow
+        control then holds the client, and a stream holds no more than a connection does."""
+        metadata = dict(context.invocation_metadata() or ())
+        end_on_failure = metadata.get("triton_grpc_error", "").lower() == "true"
+        window = Window(STREAM_WINDOW, self.plane.settings.max_body_bytes)
+        started: Started = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(requests, window, started))
+        try:
+            while (item := await started.get()) is not None:
+                task, size, request_id = item
+                answer = await task
+                if not isinstance(answer, Failure):
+                    message = pb.ModelStreamInferResponse(infer_response=answer)
+                elif end_on_failure:
+                    await _abort(context, answer.code, answer.message)
+                else:
+                    message = pb.ModelStreamInferResponse(error_message=answer.message)
+                    message.infer_response.id = request_id  # which request it was, as Triton's
+                yield message
+                window.give(size)  # written: its bytes are no longer held
+            await reader  # a failed read ends the call with its error
+        finally:
+            reader.cancel()
+            while not started.empty():
+                if (item := started.get_nowait()) is not None:
+                    item[0].cancel()
+
+    async def _read_stream(
+        self,
+        requests: AsyncIterator[Any],
+        window: Window,
+        started: Started,
+    ) -> None:
+        """Start each request read on the core, within the window; None once the client is done."""
+        try:
+            async for request in requests:
+                size = request.ByteSize()
+                await window.take(size)
+                answer = self._answer("ModelStreamInfer", self._infer(request), request.model_name)
+                started.put_nowait((asyncio.create_task(answer), size, request.id))
+        finally:
+            started.put_nowait(None)
 
     # ---- Triton's extensions ---------------------------------------------------------------------
 

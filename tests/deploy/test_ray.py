@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -382,6 +383,16 @@ def test_the_service_on_a_two_node_ray_cluster(
     np.testing.assert_array_equal(answer, expected)
     with pytest.raises(InferenceServerException, match="NOT_FOUND"):
         grpc_client.infer("nope", [tensor])
+    # Its stream through Ray's proxy: each answer in the order sent, a refusal in band.
+    answers: queue.Queue = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for i, model in enumerate(["digits-mlp", "nope", "digits-mlp"]):
+        grpc_client.async_stream_infer(model, [tensor], request_id=str(i))
+    streamed = [answers.get(timeout=60) for _ in range(3)]
+    grpc_client.stop_stream()
+    assert [r.get_response().id for r, _ in streamed if r is not None] == ["0", "2"]
+    np.testing.assert_array_equal(streamed[2][0].as_numpy("probabilities"), expected)
+    assert streamed[1][0] is None and "unknown model 'nope'" in str(streamed[1][1])
 
     # Under load, Ray scales from one replica to two, one on each node.
     assert len(cluster.replicas()) == 1

@@ -527,7 +527,7 @@ def test_readme_grpc_examples_work_as_written(server: Server) -> None:
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     local = "localhost:8001"
     blocks = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) == 2 and all(local in b for b in blocks)
+    assert len(blocks) == 3 and all(local in b for b in blocks)
     for block in blocks:
         done = subprocess.run(
             [sys.executable, "-c", block.replace(local, server.address)],
