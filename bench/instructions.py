@@ -3,15 +3,19 @@
 On a shared machine two timings a minute apart differ by more than batching on and off do for a
 lone client (c=1); the count of instructions each executes does not. ``count`` runs this module
 under callgrind: it serves ``CALLS`` small requests (``DataPlane.infer``, batch of one, one at a
-time) with batching on and then off, each inside one ``operator.call``, the only window
-callgrind collects in (``--toggle-collect``; nothing else in the process calls it), and writes
-each window's total as a part of its own (``--dump-after``). The requests' onnxruntime runs are
+time) in each of four windows, batching on, off, off and on (``ORDER``), each inside one
+``operator.call``, the only window callgrind collects in (``--toggle-collect``; nothing else in
+the process calls it), and writes each window's total as a part of its own (``--dump-after``);
+a state's count is the mean of its two windows. Counted once each, on read 1.008x off when
+counted first and 1.002x when counted second (2026-11-27): where a window falls in the
+process moves its count by tenths of a percent (the heap is laid out differently as the
+process goes on), so each state is counted early and late. The requests' onnxruntime runs are
 in the count, HTTP is not. Under callgrind a run takes some 50 times as long, so the inline
 bound is raised for the service to take the path it takes natively (inline, on the loop).
 
 Start-up (imports, sessions, timings) is not counted, and is most of the time: callgrind runs
 it uninstrumented (``--instr-atstart=no``; the imports ran four times as fast), the process
-turns instrumentation on once each state's data plane has started and off before it stops
+turns instrumentation on once each window's data plane has started and off before it stops
 (``callgrind_control``), it does not compile the activation kernels (no request here runs
 them), and the request's values come in a file rather than from scikit-learn's dataset loader.
 """
@@ -40,12 +44,13 @@ SMALL = "digits-mlp"
 CALLS = 2000
 WARMUP = 200  # calls before the window: caches, lazy imports, the batcher's first probes
 STATES = ("batching on", "batching off")
+ORDER = (*STATES, *reversed(STATES))  # each state early and late in the process
 WINDOW = "_operator_call"  # operator.call, in C
 
 
 def count(repository: Path, inputs: np.ndarray, calls: int = CALLS) -> dict[str, float] | None:
-    """Instructions per request with batching on and off, each request a batch of ``inputs``;
-    None without valgrind."""
+    """Instructions per request with batching on and off (the mean of each state's windows),
+    each request a batch of ``inputs``; None without valgrind."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return None
@@ -64,9 +69,13 @@ def count(repository: Path, inputs: np.ndarray, calls: int = CALLS) -> dict[str,
         )  # fmt: skip
         parts = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         totals = [total(p.read_text()) for p in parts]
-    if len(totals) != len(STATES):
-        raise RuntimeError(f"callgrind wrote {len(totals)} parts, not {len(STATES)}")
-    return {state: t / calls for state, t in zip(STATES, totals, strict=True)}
+    if len(totals) != len(ORDER):
+        raise RuntimeError(f"callgrind wrote {len(totals)} parts, not {len(ORDER)}")
+    windows = list(zip(ORDER, totals, strict=True))
+    return {
+        state: sum(t for s, t in windows if s == state) / ORDER.count(state) / calls
+        for state in STATES
+    }
 
 
 def total(profile: str) -> int:
@@ -101,14 +110,14 @@ def serve_one(plane: DataPlane, request: InferenceRequest, times: int = 1) -> No
 
 
 async def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
-    """``calls`` small requests of ``inputs``, one at a time, through each state's
-    ``DataPlane.infer``, inside one ``operator.call`` for each state."""
+    """``calls`` small requests of ``inputs``, one at a time, through each window's
+    ``DataPlane.infer`` (a new one for each, in ``ORDER``), inside one ``operator.call`` each."""
     from service.dataplane import DataPlane
     from service.inference import InferenceRequest, RequestInput
     from service.settings import Settings
 
     request = InferenceRequest([RequestInput(inputs)])
-    for state in STATES:
+    for state in ORDER:
         plane = DataPlane(
             Settings(
                 model_repository=repository,
