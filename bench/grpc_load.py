@@ -35,7 +35,6 @@ async def drive(address: str, method: str, body: bytes, concurrency: int, second
     """Calls back to back from ``concurrency`` tasks (or requests on one stream); latencies
     and errors."""
     latencies: list[float] = []
-    errors = 0
     async with grpc.aio.insecure_channel(address) as channel:
         deadline = time.perf_counter() + seconds
         started, cpu = time.perf_counter(), time.process_time()
