@@ -362,7 +362,8 @@ class ReadWithin(grpc.aio.ServerInterceptor):
             return twin
         handler = await continuation(details)
         if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler  # unknown (UNIMPLEMENTED), or a stream: health's Watch, reflection
+            # Unknown (UNIMPLEMENTED), or a stream: ModelStreamInfer, health's Watch, reflection.
+            return handler
         twin = self._twins[details.method] = grpc.stream_unary_rpc_method_handler(
             self._reading(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
