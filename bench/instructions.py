@@ -12,6 +12,10 @@ process moves its count by tenths of a percent (the heap is laid out differently
 process goes on), so each state is counted early and late. The requests' onnxruntime runs are
 in the count, HTTP is not. Under callgrind a run takes some 50 times as long, so the inline
 bound is raised for the service to take the path it takes natively (inline, on the loop).
+Batching on's window is counted in a quiet (``service.batching.QUIET_MS``): the requests are
+driven by hand, so the loop does not run and the timer that would end the quiet does not ring,
+and the window holds none of the looks for company a lone client makes once a quiet ends
+(natively, one every 64 ms).
 
 Start-up (imports, sessions, timings) is not counted, and is most of the time: callgrind runs
 it uninstrumented (``--instr-atstart=no``; the imports ran four times as fast), the process
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "digits-mlp"
 CALLS = 2000
-WARMUP = 200  # calls before the window: caches, lazy imports, the batcher's first probes
+WARMUP = 200  # calls before the window: caches, lazy imports, the batcher's first looks
 STATES = ("batching on", "batching off")
 ORDER = (*STATES, *reversed(STATES))  # each state early and late in the process
 WINDOW = "_operator_call"  # operator.call, in C

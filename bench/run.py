@@ -1153,12 +1153,16 @@ def where_the_time_goes(results: Results) -> list[str]:
     ]
     lines += [f"| {stage} | {us:.1f} |" for stage, us in results.breakdown.items()]
     if counted := results.instructions:
+        from service.batching import QUIET_MS
+
         lines += [
             "",
             f"Instructions per small request in the serving core, one request at a time "
             f"({instructions.CALLS} of them: `DataPlane.infer`, batch of one, onnxruntime's run "
             "included, no HTTP), counted by callgrind (`bench/instructions.py`): a count does not "
-            "move with the machine as a timing does.",
+            "move with the machine as a timing does. Batching on's are counted in a quiet "
+            f"(`service/batching.py`, `QUIET_MS`): a lone client's look for company, once every "
+            f"{QUIET_MS[-1]} ms, is not among them.",
             "",
             "| state | instructions per request |",
             "|---|---|",

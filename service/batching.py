@@ -15,8 +15,10 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   queue delay), and with a zero delay more for as long as requests keep arriving (until
   ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds every request
   parsed in between, which under load is most of the connections with a request in flight.
-  When batches have held one request in a row, the requests that yield grow sparser
-  (``next_probe``), so a lone client does not wait for company that never comes. Handing a
+  When batches have held one request in a row, requests stop looking for company for a while,
+  longer each time a look finds none (``QUIET_MS``): meanwhile the data plane runs them as
+  batching off does, without calling the batcher (``bypass``), so a lone client does not wait
+  for company that never comes, nor pay the batcher's bookkeeping. Handing a
   10-40 µs run to a thread and waking the loop again costs more than the run itself; one
   inline run blocks the loop for at most the bound, and after each batch the loop serves I/O
   before the next.
@@ -24,8 +26,8 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   instances (``instance_group`` count in ``config.pbtxt``, default 1; each a worker thread on
   the one onnxruntime session, whose ``run`` is thread-safe). onnxruntime releases the GIL, so
   runs proceed beside the event loop, and while every instance is busy the next batch gathers,
-  so batches form under load even with a zero delay. When batches have held one request in a
-  row (``next_probe``, as inline) and an instance is free with nothing queued, a request takes
+  so batches form under load even with a zero delay. While no company is found lately
+  (``QUIET_MS``, as inline) and an instance is free with nothing queued, a request takes
   it at once, without the queue and the gathering task's turn: a lone client's request then
   costs what it costs with batching off (its run is hundreds of microseconds or more here,
   the gathering task's hand-off tens).
@@ -60,22 +62,16 @@ Outputs = dict[str, np.ndarray]
 # but with a busy process on the same core every yield gave it a whole time slice: HTTP at c=16
 # fell to a fifth, gRPC to a tenth.
 PATIENCE = 8
-# Inline, after n batches of one request in a row, a request yields the loop to look for company
-# only when n is a power of two or a multiple of PROBE_GAP: a lone client (c=1) then waits
-# PATIENCE + 1 loop iterations (the first about 14 µs in process: a syscall, and caches colder
-# after it) on 1 request in 256, and a load that grows is batched again within 256 requests.
-PROBE_GAP = 256
-
-
-def next_probe(alone: int) -> int:
-    """When a request next yields the loop to look for company, after ``alone`` batches of one
-    request in a row: the first n >= ``alone`` that is 0 (after a batch that found some), a
-    power of two, or a multiple of PROBE_GAP."""
-    if alone <= 1:
-        return alone
-    power = 1 << (alone - 1).bit_length()
-    gap = -(-alone // PROBE_GAP) * PROBE_GAP
-    return min(power, gap)
+# After a look for company finds none (a batch of one request), the n-th such look in a row,
+# requests run unbatched, without looking, for QUIET_MS[n - 1] milliseconds (the last entry
+# from then on); a batch with company ends it. A lone client (c=1) then waits PATIENCE + 1 loop
+# iterations (the first about 14 µs in process: a syscall, and caches colder after it) once
+# every 64 ms, and a load that grows is batched again within 64 ms. The first look that finds
+# none starts no quiet: under load a batch of one is often the last of a burst. The quiet is
+# timed, not counted in requests, so that a request that skips the look costs nothing to count:
+# the data plane reads one attribute (``Batcher.bypass``) where batching off reads one, and a
+# lone client's request costs the same either way (``bench.instructions``).
+QUIET_MS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 class Deadline:
@@ -199,11 +195,13 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
-        # Batches of one request in a row, counted up to the next probe in advance; _free of
-        # them are still to come, each a request that may run alone without looking for
-        # company (see _ran). Counting down costs a lone request less than a schedule's test.
-        self._alone = 0
-        self._free = 0
+        # No company found lately (QUIET_MS): requests do not look for it. ``bypass``, the same
+        # inline, tells the data plane to run them itself, as batching off does; on threads,
+        # ``infer`` hands each to a free instance at once.
+        self.quiet = False
+        self.bypass = False
+        self._lonely = 0  # looks in a row that found no company, up to len(QUIET_MS)
+        self._listen_at: asyncio.TimerHandle | None = None  # ends the quiet
         self._scheduled: asyncio.Handle | None = None  # inline: a run for what is left
         self._wakeup = asyncio.Event()
         self._alarm: Alarm | None = None  # ends the queue delay (sets _wakeup) when there is one
@@ -233,6 +231,7 @@ class Batcher:
         await asyncio.gather(*self._running, return_exceptions=True)  # batches already running
         if self._scheduled is not None:
             self._scheduled.cancel()
+        self._listen()
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
@@ -243,17 +242,6 @@ class Batcher:
             self._wakeup.set()  # a queue delay still waited ends now
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-
-    def runs_alone(self) -> bool:
-        """Whether the next request is to run at once, unbatched, because no batch can gather
-        now: inline, nothing queued or gathering, and no company found lately (``next_probe``). If
-        so, it counts here as a batch of one, and the caller runs it as batching off would
-        (``Runs.record_alone``): a lone client's request is spared the coroutine ``infer`` is,
-        and, having no queue, is not in the queue-time histogram. Else it goes to ``infer``."""
-        if self._free and self.inline and not self._pending and not self._gathering:
-            self._free -= 1
-            return True
-        return False
 
     async def infer(
         self,
@@ -268,17 +256,17 @@ class Batcher:
         size = len(next(iter(inputs.values())))
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
-            if not self._free and await self._company():
+            looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
+            if looks and await self._company():
                 request = _Request(inputs, size, loop.create_future(), arrived, deadline)
                 self._pending.appendleft(request)  # first, as it came first
                 self._queued += size
                 self._run_inline()
                 results = await request.future
-            else:  # no company lately, or none came: a batch of this request alone
-                results = self._run_alone(inputs, size, arrived)
+            else:  # in a quiet, or none came: a batch of this request alone
+                results = self._run_alone(inputs, size, arrived, looks)
             return _asked(results, outputs)
-        if not self.inline and self._free and not self._pending and not self._instances.locked():
-            self._free -= 1  # a batch of one, as runs_alone counts it
+        if not self.inline and self.quiet and not self._pending and not self._instances.locked():
             results = await self._run_alone_on_thread(inputs, size, deadline)
             return _asked(results, outputs)
         future: asyncio.Future[Outputs] = loop.create_future()
@@ -295,10 +283,10 @@ class Batcher:
         elif self._queued >= self.max_batch_size:
             self._run_inline()  # full: run now, in this request's turn
         elif not self._gathering:
-            if not self._free:
-                await self._lead()
-            else:  # no company lately: do not wait a loop iteration for none
+            if self.quiet:  # no company lately: do not wait a loop iteration for none
                 self._run_inline()
+            else:
+                await self._lead()
         results = await future
         return _asked(results, outputs)
 
@@ -348,10 +336,13 @@ class Batcher:
         await self._company()
         self._run_inline()
 
-    def _run_alone(self, inputs: dict[str, np.ndarray], size: int, arrived: float) -> Outputs:
-        """A batch of this one request, now, without queueing it; it has waited for company
-        since ``arrived`` (``time.perf_counter``)."""
-        self._ran(1)
+    def _run_alone(
+        self, inputs: dict[str, np.ndarray], size: int, arrived: float, looked: bool
+    ) -> Outputs:
+        """A batch of this one request, now, without queueing it; it has waited since
+        ``arrived`` (``time.perf_counter``), for company if it ``looked`` (and found none)."""
+        if looked:
+            self._ran(1)
         waited = time.perf_counter() - arrived
         self._queue_time.observe(waited)
         results, _, infer_ns = timed_infer(self.model, inputs)
@@ -375,16 +366,30 @@ class Batcher:
             self._scheduled = self._loop.call_soon(self._run_scheduled)
 
     def _ran(self, requests: int) -> None:
-        """Count a batch of ``requests``. After one with company the next request looks for
-        company again; after n batches of one in a row, the requests until n reaches the next
-        probe (``next_probe``) may run alone without looking: inline, their callers run them
-        (``runs_alone``); on threads, ``infer`` hands each to a free instance at once."""
+        """Count a batch of ``requests``. One with company ends the quiet, if any: the next
+        request looks for company again. A batch of one is a look that found none: the n-th in a
+        row starts a quiet of ``QUIET_MS[n - 1]`` ms, during which requests run without looking
+        (inline, their callers run them, ``bypass``; on threads, ``infer`` hands each to a free
+        instance at once)."""
         if requests > 1:
-            self._alone = self._free = 0
+            self._lonely = 0
+            if self.quiet:
+                self._listen()
             return
-        alone = self._alone - self._free + 1  # the passes not taken do not count
-        self._alone = next_probe(alone)
-        self._free = self._alone - alone
+        self._lonely = min(self._lonely + 1, len(QUIET_MS))
+        quiet_ms = QUIET_MS[self._lonely - 1]
+        if quiet_ms and self._loop is not None:
+            if self._listen_at is not None:
+                self._listen_at.cancel()
+            self.quiet, self.bypass = True, self.inline
+            self._listen_at = self._loop.call_later(quiet_ms / 1000, self._listen)
+
+    def _listen(self) -> None:
+        """End the quiet: the next request looks for company."""
+        if self._listen_at is not None:
+            self._listen_at.cancel()
+            self._listen_at = None
+        self.quiet = self.bypass = False
 
     def _run_scheduled(self) -> None:
         self._scheduled = None

@@ -314,8 +314,8 @@ class DataPlane:
             batched = model.config.max_batch_size > 0
             batch = len(next(iter(inputs.values()))) if batched else 1
             inline = batch <= served.inline_batch
-            batcher = served.batcher
-            if batcher is not None and inline is batcher.inline and not batcher.runs_alone():
+            batcher = served.batcher  # bypass: no company lately, run as batching off does
+            if batcher is not None and not batcher.bypass and inline is batcher.inline:
                 results = await batcher.infer(inputs, names, deadline)
             else:
                 handed = time.perf_counter_ns()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import uvloop
 
-from service.batching import PATIENCE, PROBE_GAP, Batcher, Deadline, Runs, _Request, next_probe
+from service.batching import PATIENCE, QUIET_MS, Batcher, Deadline, Runs, _Request
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -158,22 +158,23 @@ def test_zero_delay_batches_what_arrives_together_and_recovers_after_lone_reques
     model, monkeypatch, inline
 ) -> None:
     """Requests queued in one loop iteration share a run; after a lone client (batches of one
-    in a row), bursts of concurrent requests are batched again within PROBE_GAP requests."""
+    in a row), a burst of concurrent requests is batched again once the quiet ends, within
+    QUIET_MS[-1] ms."""
     recorder = Recorder(model, monkeypatch)
-    lone = 2 * PROBE_GAP + 5
+    lone = 2 * len(QUIET_MS)
 
     async def scenario():
         batcher = started(model, 64, 0, inline)
         for _ in range(lone):  # a lone client
             await batcher.infer({"input": DIGITS[:1]})
-        for _ in range(PROBE_GAP // 8 + 2):  # bursts of 8 concurrent requests
+        assert batcher.quiet
+        await asyncio.sleep(QUIET_MS[-1] / 1000 + 0.01)  # after the quiet's timer
+        for _ in range(2):  # bursts of 8 concurrent requests
             await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(8)))
         await batcher.stop()
 
     run(scenario())
-    assert recorder.sizes[:lone] == [1] * lone
-    assert sum(recorder.sizes) == lone + 8 * (PROBE_GAP // 8 + 2)  # every sample computed once
-    assert recorder.sizes[-2:] == [8, 8]  # the bursts are one run each again
+    assert recorder.sizes == [1] * lone + [8, 8]  # the bursts are one run each again
 
 
 async def after(iterations: int, coro_factory):
@@ -293,59 +294,43 @@ def test_a_queued_request_never_fails_before_its_deadline_on_uvloop(model, monke
     assert uvloop.run(scenario()) >= 1400 * 1000
 
 
-def probes(alone: int) -> bool:
-    """The schedule ``next_probe`` counts to: whether a request looks for company after
-    ``alone`` batches of one in a row."""
-    return alone & (alone - 1) == 0 or alone % PROBE_GAP == 0
-
-
-def test_a_lone_client_looks_for_company_ever_more_rarely() -> None:
-    """After batches of one in a row, the gaps between requests that yield the loop double up
-    to PROBE_GAP: every request looks after a batch that had company; of a lone client's
-    requests, those after 0, 1, 2, 4, ... PROBE_GAP / 2 batches of one look, then one in
-    PROBE_GAP."""
-    assert [n for n in range(20) if probes(n)] == [0, 1, 2, 4, 8, 16]
-    assert [n for n in range(PROBE_GAP, 4 * PROBE_GAP) if probes(n)] == [
-        PROBE_GAP,
-        2 * PROBE_GAP,
-        3 * PROBE_GAP,
-    ]
-    assert sum(map(probes, range(1000))) == PROBE_GAP.bit_length() + 999 // PROBE_GAP
-    assert [next_probe(n) for n in range(10)] == [0, 1, 2, 4, 4, 8, 8, 8, 8, 16]
-    assert next_probe(PROBE_GAP + 1) == next_probe(2 * PROBE_GAP) == 2 * PROBE_GAP
-    upcoming = [next(k for k in itertools.count(n) if probes(k)) for n in range(4 * PROBE_GAP)]
-    assert list(map(next_probe, range(4 * PROBE_GAP))) == upcoming
-
-
-def test_a_lone_client_probes_when_probes_says(model, monkeypatch) -> None:
-    """Driven as the data plane drives it (``runs_alone``, else ``infer``), a lone client's
-    requests look for company after exactly the counts ``probes`` names; a burst that comes
-    when one is due runs as one batch, and the next request looks again."""
+def test_a_lone_client_looks_for_company_ever_more_rarely(model, monkeypatch) -> None:
+    """Driven as the data plane drives it (``bypass``, else ``infer``), each look of a lone
+    client's that finds no company starts a quiet of QUIET_MS[n - 1] ms, the n-th in a row (the
+    last entry from then on); in a quiet the batcher is not called; a batch with company ends
+    the look count, so the next look that finds none starts no quiet."""
     recorder = Recorder(model, monkeypatch)
-    looked: list[int] = []
+    quiets: list[int] = []
+    bypassed = [0]
 
     async def scenario():
+        loop = asyncio.get_running_loop()
         batcher = started(model, 64, 0, inline=True)
-        for n in range(3 * PROBE_GAP):
-            if not batcher.runs_alone():
-                looked.append(n)
-                await batcher.infer({"input": DIGITS[:1]})
+        for _ in range(len(QUIET_MS) + 2):
+            await batcher.infer({"input": DIGITS[:1]})  # a look that finds none
+            timer = batcher._listen_at
+            quiets.append(0 if timer is None else round((timer.when() - loop.time()) * 1000))
+            while batcher.bypass:  # the quiet: the data plane runs its requests itself
+                bypassed[0] += 1
+                await asyncio.sleep(0.001)
         await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(4)))
-        after_burst = batcher.runs_alone()
+        await batcher.infer({"input": DIGITS[:1]})
+        after_burst = batcher.quiet
         await batcher.stop()
         return after_burst
 
     assert run(scenario()) is False
-    assert looked == [n for n in range(3 * PROBE_GAP) if probes(n)]
-    assert recorder.sizes == [1] * len(looked) + [4]  # the caller runs the rest itself
+    assert quiets == [*QUIET_MS, QUIET_MS[-1], QUIET_MS[-1]]
+    assert bypassed[0] > 0
+    assert recorder.sizes == [1] * (len(QUIET_MS) + 2) + [4, 1]  # only the looks ran here
 
 
-def test_readme_quotes_the_probe_gap_and_the_patience() -> None:
+def test_readme_quotes_the_quiet_and_the_patience() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert f"after {PATIENCE} iterations in a row that brought none" in readme
-    assert f"a power of two or a multiple of {PROBE_GAP}" in readme
-    assert f"pays those {PATIENCE + 1} iterations on 1 request in {PROBE_GAP})" in readme
-    assert f"again within {PROBE_GAP} requests" in readme
+    assert f"for {', '.join(map(str, QUIET_MS[1:]))} ms" in readme
+    assert f"pays those {PATIENCE + 1} iterations once every {QUIET_MS[-1]} ms)" in readme
+    assert f"again within {QUIET_MS[-1]} ms" in readme
 
 
 def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
@@ -357,43 +342,40 @@ def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
 
     async def scenario():
         batcher = started(model, 64, 0, inline=True)
-        for _ in range(2 * PROBE_GAP + 1):
+        for _ in range(2 * len(QUIET_MS)):
             await batcher.infer({"input": DIGITS[:1]})
+            await asyncio.sleep(0.001)
         await batcher.stop()
 
     run(scenario())
-    assert recorder.sizes == [1] * (2 * PROBE_GAP + 1) and queued == []
+    assert recorder.sizes == [1] * (2 * len(QUIET_MS)) and queued == []
 
 
-def test_runs_alone_only_when_no_batch_can_gather(model) -> None:
-    """``runs_alone`` lets a request run unbatched only inline, with nothing queued, between
-    probes, and leaves it out of the queue-time histogram (it has no queue); a request that
-    probes, or finds a batch gathering, or is for a batcher on threads, goes to ``infer``."""
+def test_bypass_only_inline_in_a_quiet(model) -> None:
+    """``bypass`` sends a request past the batcher only inline and in a quiet (from the second
+    look in a row that found no company): a batcher on threads in a quiet still takes each
+    request, and bounds the runs by its instances. The looks are in the queue-time histogram;
+    a request the data plane runs itself is not (it has no queue)."""
     metrics = Metrics()
-    answers = []
+    states = []
 
     async def scenario():
         on_threads = started(model, 64, 0)
         batcher = started(model, 64, 0, inline=True, metrics=metrics)
-        answers.append(on_threads.runs_alone())
-        for _ in range(3):  # after 0, 1 and 2 batches of one in a row, a request probes
-            answers.append(batcher.runs_alone())
-            await batcher.infer({"input": DIGITS[:1]})
-        answers.append(batcher.runs_alone())  # after 3, it does not
-        gathering = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
-        await asyncio.sleep(0)  # it leads a batch, yielding the loop for company
-        answers.append(batcher.runs_alone())
-        await gathering
+        for each in (on_threads, batcher):
+            for _ in range(2):
+                states.append((each.quiet, each.bypass))
+                await each.infer({"input": DIGITS[:1]})
+            states.append((each.quiet, each.bypass))
         await on_threads.stop()
         await batcher.stop()
+        states.append((batcher.quiet, batcher.bypass))
 
     run(scenario())
-    assert answers == [False] * 4 + [True, False]
+    quiet, looking = (True, True), (False, False)
+    assert states == [looking, looking, (True, False), looking, looking, quiet, looking]
     labels = {"model": model.name}
-    waits = metrics.registry.get_sample_value("gelu_batch_queue_seconds_count", labels)
-    assert waits == 4  # the three probes and the one that led a batch
-    runs = metrics.registry.get_sample_value("gelu_batch_size_count", labels)
-    assert runs == 4  # the caller runs and counts the one that ran alone
+    assert metrics.registry.get_sample_value("gelu_batch_queue_seconds_count", labels) == 2
 
 
 def test_batching_through_the_app(settings_factory) -> None:
@@ -443,35 +425,44 @@ def test_instances_run_batches_at_once(model, monkeypatch) -> None:
         assert overlap[0] == expected
 
 
-def test_a_lone_client_on_threads_skips_the_queue_between_probes(model, monkeypatch) -> None:
-    """On worker threads, a lone client's requests take the free instance at once, unqueued,
-    except those ``probes`` names, which go through the queue and the gathering task; of a
-    burst that comes between probes, the first takes the free instance and the rest gather
-    behind it as one batch, and the next burst is one batch again."""
+async def into_the_longest_quiet(batcher: Batcher) -> None:
+    """A lone client's looks for company, each after the quiet the one before started, until
+    the batcher is in its longest quiet (QUIET_MS[-1] ms): len(QUIET_MS) requests."""
+    while batcher._lonely < len(QUIET_MS):
+        while batcher.quiet:
+            await asyncio.sleep(0.001)
+        await batcher.infer({"input": DIGITS[:1]})
+    assert batcher.quiet
+
+
+def test_a_lone_client_on_threads_skips_the_queue_in_a_quiet(model, monkeypatch) -> None:
+    """On worker threads, a lone client's looks for company go through the queue and the
+    gathering task; in a quiet its requests take the free instance at once, unqueued; of a burst
+    that comes in a quiet, the first takes the free instance and the rest gather behind it as
+    one batch, which ends the quiet: the next burst is one batch again."""
     recorder = Recorder(model, monkeypatch)
-    queued: list[int] = []  # which of the lone client's requests were queued
-    sending = [0]
+    queued = [0]
 
     def request(*args, **kwargs) -> _Request:
-        queued.append(sending[0])
+        queued[0] += 1
         return _Request(*args, **kwargs)
 
     monkeypatch.setattr("service.batching._Request", request)
-    lone = 3 * PROBE_GAP + 1
 
     async def scenario():
         batcher = started(model, 64, 0)
-        for sending[0] in range(lone):
+        await into_the_longest_quiet(batcher)
+        looked = queued[0]
+        for _ in range(3):
             await batcher.infer({"input": DIGITS[:1]})
-        probed = list(queued)
+        in_quiet = queued[0] - looked
         for _ in range(2):  # bursts of 8 concurrent requests
             await asyncio.gather(*(batcher.infer({"input": DIGITS[i : i + 1]}) for i in range(8)))
         await batcher.stop()
-        return probed
+        return looked, in_quiet
 
-    probed = run(scenario())
-    assert probed == [n for n in range(lone) if probes(n)] and recorder.sizes[:lone] == [1] * lone
-    assert recorder.sizes[lone:] == [1, 7, 8]
+    assert run(scenario()) == (len(QUIET_MS), 0)
+    assert recorder.sizes == [1] * (len(QUIET_MS) + 3) + [1, 7, 8]
 
 
 def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, monkeypatch) -> None:
@@ -484,7 +475,7 @@ def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, m
 
     def infer(inputs, outputs=None):
         sizes.append(len(inputs["input"]))
-        if len(sizes) == 4:  # the fourth run, after three batches of one: held
+        if len(sizes) == len(QUIET_MS) + 1:  # the first run in the quiet: held
             release.wait(10)
         return real(inputs, outputs)
 
@@ -492,8 +483,7 @@ def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, m
 
     async def scenario():
         batcher = started(model, 64, 0)
-        for _ in range(3):  # batches of one in a row: the next request need not probe
-            await batcher.infer({"input": DIGITS[:1]})
+        await into_the_longest_quiet(batcher)  # the next request takes the free instance
         leaving = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
         await asyncio.sleep(0.01)  # running alone, on the instance
         leaving.cancel()
@@ -510,7 +500,7 @@ def test_a_client_that_leaves_a_run_alone_on_threads_holds_its_instance(model, m
     left, none_ran, results = run(scenario())
     assert left and none_ran
     assert [r["logits"].shape for r in results] == [(2, 10), (3, 10)]
-    assert sizes == [1, 1, 1, 1, 5]
+    assert sizes == [1] * (len(QUIET_MS) + 1) + [5]
 
 
 def test_an_inline_batcher_runs_every_batch_on_the_loop(model, monkeypatch) -> None:
