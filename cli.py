@@ -57,7 +57,7 @@ def serve(args: argparse.Namespace) -> None:
     """Run the service; settings are checked before any worker starts."""
     import os
 
-    from service.rest.server import serve as run_server
+    from service.host import serve as run_server
     from service.settings import load_settings
 
     settings = load_settings()
@@ -95,7 +95,7 @@ SUBCOMMANDS = {
     "bench": Subcommand(
         "benchmark the inference path against the HTTP and compute floors",
         "bench.arguments:add_arguments",
-        "bench.run:report",
+        "bench.command:report",
     ),
 }
 

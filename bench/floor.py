@@ -61,7 +61,7 @@ def serve_http(port: int, workers: int = 1) -> None:
     if workers == 1:
         _serve_http("127.0.0.1", port, workers)
         return
-    from service.rest.server import supervise
+    from service.host import supervise
 
     supervise("127.0.0.1", port, workers, _serve_http)
 
@@ -69,7 +69,8 @@ def serve_http(port: int, workers: int = 1) -> None:
 def _serve_http(host: str, port: int, workers: int) -> None:
     import uvicorn
 
-    from service.rest.server import http_options, reuse_port_socket
+    from service.host import reuse_port_socket
+    from service.rest.server import http_options
     from service.settings import load_settings
 
     options = http_options(load_settings())

@@ -17,7 +17,8 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -167,6 +168,21 @@ class DataPlane:
             settings.model_control_mode,
         )
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[DataPlane]:
+        """Started for the block, stopped after it; a refusal to start is logged as the one
+        line that names what is at fault (the traceback only at debug level)."""
+        try:
+            await self.start()
+        except StartupError as exc:
+            logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+            await self.stop()
+            raise
+        try:
+            yield self
+        finally:
+            await self.stop()
+
     async def stop(self) -> None:
         """Stop polling; every version finishes its requests, then is released."""
         self._activations = None
@@ -213,6 +229,10 @@ class DataPlane:
         info = self._repository().get(name, version).info
         assert info is not None  # set when the version started serving
         return info
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The model's metadata (one version's when ``version`` is named), for every face."""
+        return self.model_info(name, version).metadata(one_version=version is not None)
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's config.pbtxt as Triton's model configuration JSON."""

@@ -5,6 +5,10 @@ Every error response is ``{"error": "..."}``, as the Open Inference Protocol req
 
 from __future__ import annotations
 
+# A request whose client went away before its answer is counted with nginx's 499, Client Closed
+# Request, on every face.
+CLIENT_CLOSED_REQUEST = 499
+
 
 class ServiceError(Exception):
     """Base of every error the service answers with; ``status_code`` is the HTTP status."""

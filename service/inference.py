@@ -8,6 +8,7 @@ the core (``service.dataplane``) checks it against the model, runs it and return
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,10 @@ class TensorInfo:
     datatype: str
     dims: tuple[int, ...]
 
+    def metadata(self, batch: list[int]) -> dict[str, Any]:
+        """The tensor as model metadata describes it, ``batch`` (``[-1]`` or ``[]``) first."""
+        return {"name": self.name, "datatype": self.datatype, "shape": [*batch, *self.dims]}
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -84,6 +89,20 @@ class ModelInfo:
     dynamic_batching: bool
     max_queue_delay_us: int | None
     config_max_batch_size: int = 0  # config.pbtxt's own value
+
+    def metadata(self, one_version: bool = False) -> dict[str, Any]:
+        """The Open Inference Protocol's model metadata, as every face reports it: the model's
+        versions (only this one's when ``one_version``), platform and tensors. A model that
+        batches (``max_batch_size`` > 0) has -1 for the batch dimension first; one that does
+        not has its dims as config.pbtxt declares them, as Triton reports both."""
+        batch = [-1] if self.config_max_batch_size else []
+        return {
+            "name": self.name,
+            "versions": [self.version] if one_version else self.versions,
+            "platform": self.platform,
+            "inputs": [t.metadata(batch) for t in self.inputs],
+            "outputs": [t.metadata(batch) for t in self.outputs],
+        }
 
 
 @dataclass(slots=True)

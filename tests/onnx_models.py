@@ -31,6 +31,8 @@ from contract.names import (
 
 FEATURES = 64
 CLASSES = 10
+# The rows of a model without a batch axis (``max_batch_size: 0``): its shapes are fixed.
+FIXED_ROWS = 2
 
 
 def _graph(
@@ -73,17 +75,19 @@ def write_model(
     hidden: int = 32,
 ) -> Path:
     """One version of one model, with its config.pbtxt; returns the model.onnx path. A large
-    ``hidden`` makes a classifier slow enough that cutting its requests short would show."""
+    ``hidden`` makes a classifier slow enough that cutting its requests short would show.
+    With ``max_batch_size`` 0 the model has no batch axis: it takes ``FIXED_ROWS`` rows."""
     if task == CLASSIFICATION:
         sizes, out_dims = [FEATURES, hidden, hidden, CLASSES], (CLASSES,)
     else:
         sizes, out_dims = [FEATURES, 32, 8, 32, FEATURES], (FEATURES,)
     nodes, weights, outputs = _graph(sizes, approximate, task, seed + version)
+    lead: list[str | int] = ["batch"] if max_batch_size else [FIXED_ROWS]
     graph = helper.make_graph(
         nodes,
         name,
-        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", FEATURES])],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["batch", out_dims[0]])
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [*lead, FEATURES])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [*lead, out_dims[0]])
          for o in outputs],
         initializer=weights,
     )  # fmt: skip
@@ -106,13 +110,14 @@ def write_model(
     path = repository / name / str(version) / MODEL_FILENAME
     path.parent.mkdir(parents=True)
     onnx.save(model, str(path))
+    fixed = () if max_batch_size else (FIXED_ROWS,)
     config = ModelConfig(
         name=name,
         platform=PLATFORM,
         max_batch_size=max_batch_size,
-        inputs=(TensorConfig(INPUT_NAME, "FP32", (FEATURES,)),),
-        outputs=tuple(TensorConfig(o, "FP32", out_dims) for o in outputs),
-        dynamic_batching=True,
+        inputs=(TensorConfig(INPUT_NAME, "FP32", (*fixed, FEATURES)),),
+        outputs=tuple(TensorConfig(o, "FP32", (*fixed, *out_dims)) for o in outputs),
+        dynamic_batching=bool(max_batch_size),
         max_queue_delay_us=0,
     )
     (repository / name / CONFIG_FILENAME).write_text(config.to_pbtxt())

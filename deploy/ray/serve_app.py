@@ -1,8 +1,9 @@
 """The service on Ray Serve: ``serve deploy deploy/ray/serve.yaml`` (or ``serve run``).
 
-Each replica builds the service's own HTTP app (``service.rest.app.create_app``) from the
-``GELU_*`` variables of its runtime environment, with its serving core: the same routes,
-codecs, batcher, limits and errors as ``gelu-serve serve``, behind Ray's HTTP proxy.
+Each replica builds the service's own host (``service.host.Host``) from the ``GELU_*``
+variables of its runtime environment: its serving core and HTTP app, with the same routes,
+codecs, batcher, limits and errors as ``gelu-serve serve``, behind Ray's HTTP proxy (Ray's
+``serve.ingress()`` without an app takes the replica's from ``__serve_build_asgi_app__``).
 
 Ray's gRPC proxy (``grpc_options`` in the config) calls a replica's methods by the names of
 the protocol's (``ModelInfer``, ...), with the decoded request: each is the gRPC face's own
@@ -21,7 +22,8 @@ from ray import serve
 
 from service.grpc import inference_pb2 as pb
 from service.grpc.server import SERVICE, InferenceServicer
-from service.rest.app import create_app
+from service.host import Host
+from service.settings import load_settings
 
 METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 
@@ -60,18 +62,19 @@ def _grpc_method(name: str, empty: type) -> Callable[..., Awaitable[Any]]:
     return call
 
 
-# The app is built in each replica when it starts (Ray calls the builder there), never in the
-# process that deploys: the settings are the replica's, from the config's runtime_env.
-class GeluServe(serve.ingress(create_app)()):  # type: ignore[misc]
-    """A replica: the HTTP app, and the gRPC protocol's methods over the same core."""
+# The host is built in each replica when it starts, never in the process that deploys: the
+# settings are the replica's, from the config's runtime_env.
+@serve.ingress()
+class GeluServe:
+    """A replica: the host's HTTP app, and the gRPC protocol's methods over the same core."""
 
-    _servicer: InferenceServicer | None = None
+    def __init__(self) -> None:
+        self.host = Host(load_settings())
+        self.servicer = InferenceServicer(self.host.core)
 
-    @property
-    def servicer(self) -> InferenceServicer:
-        if self._servicer is None:
-            self._servicer = InferenceServicer(self.app.state.dataplane)
-        return self._servicer
+    def __serve_build_asgi_app__(self) -> Any:
+        """The replica's ASGI app, whose lifespan Ray runs: the host's."""
+        return self.host.app
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], grpc_context: Any = None

@@ -25,11 +25,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.dataplane import DataPlane
-from service.errors import NotFoundError, NotReadyError, ServiceError, StartupError
+from service.errors import (
+    CLIENT_CLOSED_REQUEST,
+    NotFoundError,
+    NotReadyError,
+    ServiceError,
+    StartupError,
+)
 from service.grpc import codec
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
-from service.rest.middleware import CLIENT_CLOSED_REQUEST
 
 logger = logging.getLogger("gelu_serve")
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -192,18 +197,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**self.plane.server_metadata())
 
     async def _model_metadata(self, request: Any) -> pb.ModelMetadataResponse:
-        version = request.version or None
-        info = self.plane.model_info(request.name, version)
-        batch = [-1] if info.config_max_batch_size else []
-        response = pb.ModelMetadataResponse(
-            name=info.name,
-            versions=[info.version] if version else info.versions,
-            platform=info.platform,
-        )
-        for tensors, into in ((info.inputs, response.inputs), (info.outputs, response.outputs)):
-            for t in tensors:
-                into.add(name=t.name, datatype=t.datatype, shape=[*batch, *t.dims])
-        return response
+        metadata = self.plane.model_metadata(request.name, request.version or None)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     # ---- inference -------------------------------------------------------------------------------
 

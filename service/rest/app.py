@@ -1,16 +1,17 @@
 """The HTTP face's app factory: ``uvicorn --factory service.rest.app:create_app``.
 
-Nothing is built at import time. The app wraps one serving core (``DataPlane``): its lifespan
-starts the core (models loaded, checked and warmed, activation graphs built) before the app
-accepts requests, and stops it after the last one.
+Nothing is built at import time. The app wraps one serving core (``DataPlane``). Served by
+``gelu-serve serve``, its lifespan is the host's (``service.host``: the core, then the gRPC
+face); built alone (``TestClient``, ``uvicorn --factory``), its lifespan starts the core before
+the app accepts requests and stops it after the last one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
@@ -19,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from service import __version__
 from service.dataplane import DataPlane
-from service.errors import ServiceError, StartupError
+from service.errors import ServiceError
 from service.rest import activations, v1, v2
 from service.rest.middleware import (
     CLIENT_GONE,
@@ -60,42 +61,33 @@ class ServiceApp(FastAPI):
             # to answer, and there is nothing to log (see service.rest.protocol).
 
 
-def create_app(settings: Settings | None = None, core: DataPlane | None = None) -> ServiceApp:
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def create_app(
+    settings: Settings | None = None,
+    core: DataPlane | None = None,
+    lifespan: Lifespan | None = None,
+) -> ServiceApp:
     """Build the HTTP face over ``core`` (default: a new one from ``settings``, else from the
-    environment); its lifespan starts and stops that core."""
+    environment). Its lifespan is ``lifespan`` when the host gives one (``service.host``, which
+    starts the core and the other faces), else the core's own start and stop."""
     settings = core.settings if core is not None else settings or load_settings()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.setLevel(settings.log_level.upper())
     plane = core if core is not None else DataPlane(settings)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        grpc_server = None
-        try:
-            await plane.start()
-            if settings.grpc_port:  # the gRPC face, over the same core
-                from service.grpc.server import GrpcServer
-
-                address = f"{settings.grpc_host or '127.0.0.1'}:{settings.grpc_port}"
-                share = settings.workers > 1
-                grpc_server = GrpcServer(plane, address, share)
-                await grpc_server.start()
-        except StartupError as exc:
-            # One line names what is at fault; the traceback only helps at debug level.
-            logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
-            await plane.stop()
-            raise
-        yield
-        if grpc_server is not None:
-            await grpc_server.stop(settings.graceful_shutdown_seconds)
-        await plane.stop()
+    async def core_alone(app: FastAPI) -> AsyncIterator[None]:
+        async with plane.running():
+            yield
 
     app = ServiceApp(
         title="gelu-serve",
         version=__version__,
         description="GELU networks served by onnxruntime: KServe V1 predictions, the Open "
         "Inference Protocol (V2) and raw activation evaluation.",
-        lifespan=lifespan,
+        lifespan=lifespan or core_alone,
         docs_url=None,
         redoc_url=None,
     )

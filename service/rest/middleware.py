@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from service import codecs
 from service.errors import (
+    CLIENT_CLOSED_REQUEST,
     BadInputError,
     PayloadTooLargeError,
     ServiceError,
@@ -30,7 +31,6 @@ logger = logging.getLogger("gelu_serve")
 # Set in a request's scope when its client went away and its task was cancelled for that
 # (service.rest.protocol); such a request is counted with nginx's 499, Client Closed Request.
 CLIENT_GONE = "gelu.client_gone"
-CLIENT_CLOSED_REQUEST = 499
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
 

@@ -28,8 +28,8 @@ from starlette.routing import BaseRoute, get_route_path
 
 from service import codecs
 from service.dataplane import DataPlane
+from service.errors import CLIENT_CLOSED_REQUEST
 from service.rest.middleware import (
-    CLIENT_CLOSED_REQUEST,
     CLIENT_GONE,
     BodyLimits,
     Receive,

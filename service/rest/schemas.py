@@ -11,8 +11,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from service.inference import TensorInfo
-
 Number = float | int
 NestedNumbers = list[Any]  # numbers or nested lists of numbers, row-major
 
@@ -212,11 +210,6 @@ class ActivationResponse(BaseModel):
     kernel: Literal["accurate", "native"]
     shape: list[int]
     data: NestedNumbers | Number
-
-
-def tensor_metadata(tensors: list[TensorInfo]) -> list[dict[str, Any]]:
-    """Tensors as the Open Inference Protocol describes them: -1 for the batch dimension."""
-    return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in tensors]
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:

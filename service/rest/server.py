@@ -1,13 +1,6 @@
-"""Running the HTTP face: ``gelu-serve serve``, in one process or several.
-
-With several workers, uvicorn's own ``--workers`` shares one listening socket between them and
-each accepts whatever connections it wins; a burst of new connections (a load balancer's pool,
-a load test) mostly lands on whichever worker woke first, and the others idle. Here each worker
-binds its own socket to the same port with ``SO_REUSEPORT``, so the kernel spreads connections
-across the workers evenly. The supervisor first claims the port with a bound, never-listening
-socket (so a port already in use is one clear error before any worker starts), forwards
-SIGTERM and SIGINT to the workers (each drains gracefully), and stops the whole service if a
-worker dies on its own: the orchestrator (Docker's restart policy, Kubernetes) restarts it.
+"""Running the HTTP face on uvicorn: its options, and a server that stops as orchestrators
+expect (``GracefulServer``). The host (``service.host``) gives it the app and runs it, one per
+worker process.
 """
 
 from __future__ import annotations
@@ -15,10 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,78 +18,18 @@ from typing import Any
 
 import uvicorn
 
-from service.rest.app import create_app
-from service.rest.protocol import ConnectionLimits, guarded_protocol
-from service.settings import Settings, load_settings
+from service.rest.connection import ConnectionLimits
+from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
 
 
-def serve(host: str, port: int, workers: int, settings: Settings) -> None:
-    """Serve the model repository on ``host:port`` with ``workers`` processes until SIGTERM or
-    SIGINT; a graceful stop exits 0."""
-    if workers == 1:
-        server(host, port, settings).run()
-        return
-    supervise(host, port, workers, _worker)
-
-
-def supervise(host: str, port: int, workers: int, worker: Callable[[str, int, int], None]) -> None:
-    """Run ``worker(host, port, workers)`` in ``workers`` spawned processes, each serving on
-    its own ``reuse_port_socket(host, port)``, until SIGTERM or SIGINT (forwarded to them as
-    SIGTERM) or until one dies (then the rest are stopped and this exits non-zero)."""
-    try:
-        claim = reuse_port_socket(host, port)
-    except OSError as exc:
-        sys.exit(f"cannot bind {host}:{port}: {exc.strerror}")
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=worker, args=(host, port, workers), name=f"worker-{i}")
-        for i in range(workers)
-    ]
-    stopping = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
-    for process in processes:
-        process.start()
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    died = None
-    while not stopping.wait(0.5):
-        died = next((p for p in processes if not p.is_alive()), None)
-        if died is not None:
-            logger.error("%s exited with %s: stopping the service", died.name, died.exitcode)
-            break
-    for process in processes:
-        if process.is_alive():
-            process.terminate()  # SIGTERM: uvicorn finishes in-flight requests, then exits
-    for process in processes:
-        process.join()
-    claim.close()
-    if died is not None:
-        sys.exit(died.exitcode if died.exitcode and died.exitcode > 0 else 1)
-
-
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (not listening yet)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def _worker(host: str, port: int, workers: int) -> None:
-    """One worker process: its own socket on the shared port, one server on it."""
-    sock = reuse_port_socket(host, port)
-    server(host, port, load_settings(workers=workers)).run(sockets=[sock])
-
-
 def http_options(settings: Settings) -> dict[str, Any]:
     """How the service's uvicorn serves HTTP: its protocol with the connection limits of
-    ``settings`` (``service.rest.protocol``), no WebSockets, no access log or Server header."""
+    ``settings`` (``service.rest.protocol``), no WebSockets, no access log or Server header.
+    On a uvicorn other than the tested one, uvicorn's own protocol with its public limits."""
     return {
-        "http": guarded_protocol(ConnectionLimits.from_settings(settings)),
+        **_protocol(settings),
         "ws": "none",
         "access_log": False,
         # The service logs no client address and decides nothing by one: uvicorn's rewriting
@@ -109,10 +40,31 @@ def http_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def server(host: str, port: int, settings: Settings) -> GracefulServer:
-    """A uvicorn server of the app for ``settings``, with the service's connection limits; its
-    gRPC face binds the same host unless GELU_GRPC_HOST says otherwise."""
-    app = create_app(settings.model_copy(update={"grpc_host": settings.grpc_host or host}))
+def _protocol(settings: Settings) -> dict[str, Any]:
+    try:
+        from service.rest import protocol
+    except ImportError as exc:  # a uvicorn whose private module moved
+        reason = f"its protocol module cannot be imported ({exc})"
+    else:
+        if protocol.supported():
+            limits = ConnectionLimits.from_settings(settings)
+            return {"http": protocol.guarded_protocol(limits)}
+        reason = f"the service was tested with uvicorn {protocol.TESTED_UVICORN}"
+    logger.warning(
+        "uvicorn %s: %s; serving with uvicorn's own protocol: at most GELU_MAX_CONNECTIONS "
+        "connections and requests, GELU_KEEP_ALIVE_SECONDS, and no header or body timeouts "
+        "or header limits (install the pinned uvicorn for them)",
+        uvicorn.__version__,
+        reason,
+    )
+    return {"http": "httptools", "limit_concurrency": settings.max_connections}
+
+
+def http_server(
+    app: Any, host: str, port: int, settings: Settings, drain: Callable[[], None]
+) -> GracefulServer:
+    """A uvicorn server of ``app`` on ``host:port`` with the service's connection limits;
+    ``drain`` turns readiness off when SIGTERM's drain begins."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -122,12 +74,7 @@ def server(host: str, port: int, settings: Settings) -> GracefulServer:
         timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
         **http_options(settings),
     )
-    return GracefulServer(
-        config,
-        app.state.dataplane.drain,
-        settings.drain_seconds,
-        settings.graceful_shutdown_seconds,
-    )
+    return GracefulServer(config, drain, settings.drain_seconds, settings.graceful_shutdown_seconds)
 
 
 class GracefulServer(uvicorn.Server):

@@ -16,7 +16,6 @@ from service.rest.schemas import (
     PredictResponse,
     request_body,
     responses,
-    tensor_metadata,
 )
 
 router = APIRouter(tags=["V1 (KServe style)"])
@@ -47,6 +46,7 @@ add_model_route(
 
 def summary(info: ModelInfo) -> dict[str, object]:
     """A model as V1 describes it: versions, task, labels, tensors, providers, metrics."""
+    metadata = info.metadata()
     return {
         "name": info.name,
         "versions": info.versions,
@@ -57,8 +57,8 @@ def summary(info: ModelInfo) -> dict[str, object]:
         "activation": info.activation,
         "arch": info.arch,
         "label_names": info.label_names,
-        "inputs": tensor_metadata(info.inputs),
-        "outputs": tensor_metadata(info.outputs),
+        "inputs": metadata["inputs"],
+        "outputs": metadata["outputs"],
         "input_normalisation": info.input_normalisation,
         "max_batch_size": info.max_batch_size,
         "providers": info.providers,

@@ -23,7 +23,6 @@ from service.rest.schemas import (
     ServerMetadata,
     request_body,
     responses,
-    tensor_metadata,
 )
 
 router = APIRouter(tags=["V2 (Open Inference Protocol)"])
@@ -109,16 +108,7 @@ async def model_statistics(request: Request, name: str, version: str | None = No
 
 async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
     """A model's versions, platform and tensors (one version's, when named)."""
-    info = get_plane(request).model_info(name, version)
-    return _json(
-        {
-            "name": info.name,
-            "versions": [info.version] if version else info.versions,
-            "platform": info.platform,
-            "inputs": tensor_metadata(info.inputs),
-            "outputs": tensor_metadata(info.outputs),
-        }
-    )
+    return _json(get_plane(request).model_metadata(name, version))
 
 
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
