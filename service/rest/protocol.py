@@ -19,57 +19,48 @@ client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key 
 that this cancellation is not a shutdown's.
 
 Savings on every request: a response's head goes out with its body's first write
-(``_HeadWithBody``), and a request body's pieces are handed on as they came (``_Pieces``). A
-large body framed by Content-Length is read by the kernel straight into the ``bytes`` the app is
-handed (``_BodyReader``), not copied piece by piece by the event loop, the parser and the route.
+(``HeadWithBody``), and a request body's pieces are handed on as they came (``Pieces``). A
+large body framed by Content-Length is read by the kernel straight into one buffer
+(``BodyReader``), not copied piece by piece by the event loop, the parser and the route.
+
+This is the service's one use of a private module of a dependency: uvicorn bounds none of the
+above through its public options. It is kept to this module, uvicorn is pinned to the release
+it was tested with (``TESTED_UVICORN``), and with any other release the server runs uvicorn's
+own protocol with its public limits instead (``service.rest.server.http_options``), warning
+that the header and body timeouts and header limits are off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-from dataclasses import dataclass
 from typing import Any
 
 import httptools
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service import codecs
+from service.rest.connection import (
+    DIRECT_BODY_BYTES,
+    REASONS,
+    SPARE_BYTES,
+    BodyReader,
+    ConnectionLimits,
+    HeadWithBody,
+    Pieces,
+    Spare,
+    sweep,
+)
 from service.rest.middleware import CLIENT_GONE
-from service.settings import Settings
 
-REASONS = {
-    400: b"Bad Request",
-    408: b"Request Timeout",
-    431: b"Request Header Fields Too Large",
-    503: b"Service Unavailable",
-}
+# The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
+# tested against (pyproject.toml pins it; tests/service/rest/test_protocol_pin.py checks both).
+TESTED_UVICORN = "0.54.0"
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one connection may hold, from the settings of the same names."""
-
-    max_connections: int
-    keep_alive_seconds: float
-    header_timeout_seconds: float
-    body_timeout_seconds: float
-    max_header_bytes: int
-    max_headers: int
-    max_body_bytes: int
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ConnectionLimits:
-        """The limits ``settings`` name."""
-        return cls(
-            max_connections=settings.max_connections,
-            keep_alive_seconds=settings.keep_alive_seconds,
-            header_timeout_seconds=settings.header_timeout_seconds,
-            body_timeout_seconds=settings.body_timeout_seconds,
-            max_header_bytes=settings.max_header_bytes,
-            max_headers=settings.max_headers,
-            max_body_bytes=settings.max_body_bytes,
-        )
+def supported() -> bool:
+    """Whether the installed uvicorn is the one this protocol was tested with."""
+    return uvicorn.__version__ == TESTED_UVICORN
 
 
 class _Refusal(Exception):
@@ -86,7 +77,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     class for a set of limits with ``guarded_protocol``."""
 
     limits: ConnectionLimits
-    sweeper: asyncio.Task[None] | None = None  # one per server (class), see _sweep
+    sweeper: asyncio.Task[None] | None = None  # one per server (class), see sweep
+    spare: Spare  # one per server (class), for BodyReader
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -102,7 +94,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # of its body: set by the request's headers, cleared by the decision or the request's end.
         self._body_undecided = False
         self._body_bytes = 0  # of the current request's body, parsed so far
-        self._writer: _HeadWithBody | None = None  # what the current request's answer goes to
+        self._writer: HeadWithBody | None = None  # what the current request's answer goes to
 
     # ---- connection ----------------------------------------------------------------------------
 
@@ -118,7 +110,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
         cls = type(self)
         if cls.sweeper is None or cls.sweeper.done():
-            cls.sweeper = self.loop.create_task(_sweep(self.connections))
+            cls.sweeper = self.loop.create_task(sweep(self.connections))
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
         """A half-close: with a whole request received and not yet answered, keep the
@@ -168,7 +160,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _read_rest_of_body(self) -> None:
         """Have the rest of a large body framed by Content-Length read into the ``bytes`` the
-        app will be handed, after what the app has not read yet of it (``_BodyReader``); the
+        app will be handed, after what the app has not read yet of it (``BodyReader``); the
         app then gets the body in one message. A smaller, chunked or over-limit body stays
         with the parser (an over-limit one is refused by the app, by its Content-Length)."""
         length = None
@@ -185,22 +177,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         unread = bytes(cycle.body)
         try:
-            body, storage = _unfilled_bytes(len(unread) + rest)
+            reader = BodyReader(self, len(unread) + rest, unread, self.spare)
         except MemoryError:  # not now: the parser reads it as it comes
             return
-        storage[: len(unread)] = unread
         cycle.body = bytearray()
         cycle.message_event.clear()  # nothing to read until the body is whole
-        self.transport.set_protocol(_BodyReader(self, body, storage, len(unread)))
+        self.transport.set_protocol(reader)
 
     def body_read(self, body: bytes) -> None:
-        """The ``_BodyReader`` has read the whole body: hand it to the app as the request's
+        """The ``BodyReader`` has read the whole body: hand it to the app as the request's
         last message, and parse the next request with a new parser (this one is still inside
         the body it did not see)."""
         self.transport.set_protocol(self)
         cycle: Any = self.cycle
         if not cycle.response_complete:
-            pieces = cycle.body = _Pieces()
+            pieces = cycle.body = Pieces()
             pieces += body
         self.parser = self._new_parser()
         self.on_message_complete()
@@ -214,7 +205,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # As uvicorn's, keeping the task: a lost connection cancels it.
         writer = self._writer
         if writer is None:
-            writer = self._writer = _HeadWithBody(self.transport)
+            writer = self._writer = HeadWithBody(self.transport)
         writer.answer(cycle)
         cycle.transport = writer
         task = self.loop.create_task(cycle.run_asgi(app))
@@ -255,8 +246,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle: Any = self.cycle
-        if type(cycle.body) is not _Pieces:  # uvicorn's bytearray: a new cycle, or after a read
-            cycle.body = _Pieces()
+        if type(cycle.body) is not Pieces:  # uvicorn's bytearray: a new cycle, or after a read
+            cycle.body = Pieces()
         self._body_bytes += len(body)
         super().on_body(body)
 
@@ -305,175 +296,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-# A body up to this size is joined to its head (a copy costs less than a vectored write's set-up).
-JOIN_BYTES = 64 * 1024
-
-
-class _Pieces:
-    """A request body's pieces as they arrive, in place of uvicorn's bytearray (its cycle's
-    ``body``, which the protocol extends with ``+=``, measures with ``len`` and hands to the app
-    as ``bytes(body)``). The bytearray copies each piece in and out again: two copies of every
-    body, 4 MB each for a 1e6-value activation request. Here a piece is kept as it came, and
-    handed on as it is when it is the only one, joined otherwise."""
-
-    __slots__ = ("pieces", "size")
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.size = 0
-
-    def __iadd__(self, piece: bytes) -> _Pieces:
-        self.pieces.append(piece)
-        self.size += len(piece)
-        return self
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __bytes__(self) -> bytes:
-        pieces = self.pieces
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-
-# A body with at least this much left to arrive after its headers' read is read by _BodyReader
-# (below it, the read's set-up costs more than the copies it saves).
-DIRECT_BODY_BYTES = 64 * 1024
-
-# The C API's own way to fill a bytes object (as socket.recv does): create it uninitialised,
-# write into its buffer, and only then hand it to anyone. Its documentation allows modifying
-# that buffer exactly then: https://docs.python.org/3/c-api/bytes.html#c.PyBytes_AsString
-_new_bytes = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
-    ("PyBytes_FromStringAndSize", ctypes.pythonapi)
-)
-_bytes_buffer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
-    ("PyBytes_AsString", ctypes.pythonapi)
-)
-
-
-def _unfilled_bytes(size: int) -> tuple[bytes, memoryview]:
-    """A new ``bytes`` of ``size`` uninitialised bytes and a writable view of them. Keep the
-    ``bytes`` referenced while the view is used, and hand it on only once it is filled."""
-    body: bytes = _new_bytes(None, size)
-    storage = (ctypes.c_char * size).from_address(_bytes_buffer(body))
-    return body, memoryview(storage).cast("B")
-
-
-class _BodyReader(asyncio.BufferedProtocol):
-    """The rest of a request body, read by the kernel straight into the ``bytes`` the app will
-    be handed (``storage`` is its buffer), from ``filled`` on. While the body arrives this is
-    the transport's protocol (uvloop reads into the buffer a buffered protocol gives it); then
-    the HTTP protocol is again (``body_read``).
-
-    The kernel's copy is then the only one. Through the parser, every piece of a large body is
-    copied three more times, all on the event loop: by uvloop, into a new ``bytes`` per read;
-    by the parser, into another per body piece; and by the route, joining the pieces (stock
-    uvicorn adds two, see ``_Pieces``). The storage ends where the body does, so a pipelined
-    request after it is read by the parser.
-    """
-
-    __slots__ = ("body", "filled", "http", "storage")
-
-    def __init__(
-        self, http: GuardedHttpProtocol, body: bytes, storage: memoryview, filled: int
-    ) -> None:
-        self.http = http
-        self.body = body  # keeps the storage alive
-        self.storage = storage
-        self.filled = filled
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.storage[self.filled :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.filled += nbytes
-        if self.filled == len(self.body):
-            self.http.body_read(self.body)
-
-    # The connection's other events are the HTTP protocol's, but for the end of the client's
-    # input: mid-body, its request can never complete, and the default, closing the
-    # connection, is what the HTTP protocol would do (the loss then cancels the request).
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.http.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.http.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.http.resume_writing()
-
-
-class _HeadWithBody:
-    """The transport a connection's responses are written to: a response's head (status line
-    and headers) is held until its body's first write and goes out with it, in one write.
-
-    uvicorn writes them apart, as two send(2) system calls and two TCP segments; a small
-    response then costs one of each instead. Any other write (``100 Continue`` before a
-    response starts) passes through, and the head is written by itself if the response
-    completes without a body write (HEAD) or the connection closes first.
-    """
-
-    __slots__ = ("cycle", "head_due", "held", "transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.cycle: Any = None  # the request-response cycle being answered
-        self.head_due = False  # its head is not written yet
-        self.held: bytes | None = None
-
-    def answer(self, cycle: Any) -> None:
-        """Write ``cycle``'s response from now on (the connection's cycles run one at a time)."""
-        self.flush()
-        self.cycle, self.head_due = cycle, True
-
-    def write(self, data: bytes) -> None:
-        if self.head_due and self.cycle.response_started:
-            # uvicorn marks the response started, then writes its head: this is it.
-            self.head_due, self.held = False, data
-            return
-        held = self.held
-        if held is None:
-            self.transport.write(data)
-        elif len(data) <= JOIN_BYTES:
-            self.held = None
-            self.transport.write(held + data)
-        else:  # a large body is not copied to join it: one vectored write of both
-            self.held = None
-            self.transport.writelines((held, data))
-
-    def flush(self) -> None:
-        """Write a held head now."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            self.transport.write(held)
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
-
-
-SWEEP_SECONDS = 0.25
-
-
-async def _sweep(connections: set[Any]) -> None:
-    """Every SWEEP_SECONDS, refuse the requests past their header or body deadline; ends when
-    no connection is left (the next one starts it again).
-
-    One task checking every connection replaces a timer per request phase: arming and
-    cancelling two uvloop timers per request cost about 3 µs, a few percent of a small model's
-    request; the deadlines are then kept to within SWEEP_SECONDS, ample for timeouts of seconds.
-    """
-    loop = asyncio.get_running_loop()
-    while connections:
-        await asyncio.sleep(SWEEP_SECONDS)
-        now = loop.time()
-        for connection in list(connections):
-            connection.check_deadline(now)
-
-
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
     """The protocol class uvicorn builds per connection, with ``limits``."""
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
+    attributes = {"limits": limits, "spare": Spare(SPARE_BYTES)}
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), attributes)

@@ -151,7 +151,7 @@ def test_slow_headers_get_408(server: int) -> None:
     assert time.monotonic() - began < 4
 
 
-@pytest.mark.parametrize("length", [400, 90_000])  # the larger one is read by _BodyReader
+@pytest.mark.parametrize("length", [400, 90_000])  # the larger one is read by BodyReader
 def test_a_slow_body_gets_408(server: int, length: int) -> None:
     with connect(server) as sock:
         head = request_bytes("POST", PREDICT)[:-2]
@@ -233,15 +233,29 @@ def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
 
 
 def test_a_body_read_in_one_piece_is_handed_on_without_a_copy() -> None:
-    from service.rest.protocol import _Pieces
+    from service.rest.connection import Pieces
 
-    body = _Pieces()
+    body = Pieces()
     piece = os.urandom(1 << 20)
     body += piece
     assert len(body) == len(piece) and bytes(body) is piece
     body += b"tail"
     assert len(body) == len(piece) + 4 and bytes(body) == piece + b"tail"
-    assert bytes(_Pieces()) == b""
+    assert bytes(Pieces()) == b""
+
+
+def test_the_spare_buffers_stay_within_their_limit() -> None:
+    from service.rest.connection import Spare
+
+    spare = Spare(100)
+    first, second = spare.take(60), spare.take(30)
+    assert len(first) == 60 and len(second) == 30
+    spare.give(first)
+    spare.give(second)  # 90 bytes held
+    spare.give(bytearray(20))  # would be 110: let go
+    assert spare.buffers == [first, second] and spare.held == 90
+    assert spare.take(50) is first and spare.take(50) is not second  # too small: a new one
+    assert spare.held == 30
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked", "chunked at once"])
@@ -282,7 +296,7 @@ def test_a_body_sent_in_pieces_is_read_whole(server: int, framing: str) -> None:
     assert answer.partition(b"\r\n\r\n")[2] == at_once.partition(b"\r\n\r\n")[2]
 
 
-@pytest.mark.parametrize("length", [1000, 90_000])  # the larger one is read by _BodyReader
+@pytest.mark.parametrize("length", [1000, 90_000])  # the larger one is read by BodyReader
 def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int, length: int) -> None:
     """Its body can never complete: the connection closes now, not at the body timeout."""
     with connect(server) as sock:
@@ -294,7 +308,7 @@ def test_a_client_that_half_closes_mid_body_is_let_go_at_once(server: int, lengt
         assert time.monotonic() - began < 0.5  # GELU_BODY_TIMEOUT_SECONDS is 1 here
 
 
-# 400 kB of float32: all but the first read of it is read by service.rest.protocol._BodyReader.
+# 400 kB of float32: all but the first read of it is read by service.rest.connection.BodyReader.
 LARGE = np.linspace(-5, 5, 100_000, dtype="<f4")
 ACTIVATION = "/v1/activations/gelu"
 
@@ -395,15 +409,16 @@ class FakeTransport:
         pass
 
 
-def test_the_body_reader_fills_the_bytes_the_app_is_handed() -> None:
+def test_the_body_reader_hands_the_app_the_whole_body() -> None:
     """In process, reads as uvloop makes them for a buffered protocol: the app gets the whole
-    body in one message, as the very ``bytes`` the reads went into, what came with the headers
-    at its start; the connection's reads go to the HTTP protocol again after it. A connection
-    lost mid-body is the HTTP protocol's loss."""
+    body in one message, as ``bytes`` made once from the buffer the reads went into, what came
+    with the headers at its start; the connection's reads go to the HTTP protocol again after
+    it. A connection lost mid-body is the HTTP protocol's loss."""
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-    from service.rest.protocol import ConnectionLimits, _BodyReader, guarded_protocol
+    from service.rest.connection import BodyReader, ConnectionLimits
+    from service.rest.protocol import guarded_protocol
 
     received: list[Any] = []
 
@@ -430,7 +445,7 @@ def test_the_body_reader_fills_the_bytes_the_app_is_handed() -> None:
         body = os.urandom(300_000)
         protocol.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
         reader = transport.protocol
-        assert isinstance(reader, _BodyReader)
+        assert isinstance(reader, BodyReader)
         for start in range(1000, len(body), 65536):
             piece = body[start : start + 65536]
             reader.get_buffer(-1)[: len(piece)] = piece
@@ -440,13 +455,15 @@ def test_the_body_reader_fills_the_bytes_the_app_is_handed() -> None:
         for _ in range(100):
             await asyncio.sleep(0)
         assert received[0] == {"type": "http.request", "body": body, "more_body": False}
-        assert received[0]["body"] is reader.body
+        assert type(received[0]["body"]) is bytes
+        assert protocol.spare.buffers == [reader.storage]  # kept for the next large body
+        assert protocol.spare.take(len(body)) is reader.storage
         assert received[1] == {"type": "http.request", "body": b"", "more_body": False}
         assert transport.written.count(b"HTTP/1.1 204 ") == 2
 
         lost, transport = connected()
         lost.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
-        assert isinstance(transport.protocol, _BodyReader) and lost in state.connections
+        assert isinstance(transport.protocol, BodyReader) and lost in state.connections
         transport.protocol.connection_lost(ConnectionResetError())
         for _ in range(100):
             await asyncio.sleep(0)
