@@ -39,14 +39,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bench import instructions
-from bench.arguments import ACTIVATION_VALUES, ROOT, add_arguments
+from bench.arguments import ACTIVATION_VALUES, ROOT
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import STREAM_METHOD, run_grpc
 from bench.proc import UsageMeter, check_pinned, cpu_list, cpu_model, paused, pin_tree
 from bench.speed import HostSpeed, apart
 from bench.wrk import Request, run_wrk
 from contract.model_config import load_model_config
-from contract.readme import replace_block
 
 SMALL = "digits-mlp"
 
@@ -1197,36 +1196,3 @@ def plot(results: Results, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def report(args: argparse.Namespace) -> None:
-    """Measure, write the report, print each target as met or missed; with ``--pool``, judge
-    earlier runs' passes together instead (``bench.pool``), measuring nothing."""
-    if args.pool:
-        from bench import pool
-
-        rows = pool.report(args.pool, args.out)
-        written = f"{args.out}/benchmarks-pooled.md"
-    else:
-        results = run(args)
-        write_report(results, args.out)
-        if args.out.resolve() == (ROOT / "docs").resolve() and not args.smoke:
-            block = readme_block(results)
-            README.write_text(replace_block(README.read_text(), README_BLOCK, block))
-            print(f"updated the targets in {README}")
-        rows = targets(results, results.environment["large_model"])
-        written = f"{args.out}/benchmarks.md, benchmarks.json, benchmarks.png"
-    for target, measured, met in rows:
-        print(f"{'met ' if met else 'MISS'} {target}: {measured}")
-    print(f"wrote {written}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m bench.run``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
-    report(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()

@@ -210,8 +210,9 @@ def test_runs_pool_their_passes_into_one_judgement(
     first run (0.99x) and is met in the second (1.03x), and over their six passes it is met
     at 1.005x. A point one run lacks is left out, and a run written before the probe's
     readings were kept pools beside one with them."""
+    from bench.command import main
     from bench.pool import pool
-    from bench.run import Results, main, targets
+    from bench.run import Results, targets
 
     def point(scenario: str, rounds: list[float], host: list[float] | None = None) -> dict:
         row = {"scenario": scenario, "concurrency": 1, "rps": sorted(rounds)[1], "p99_ms": 1.0,

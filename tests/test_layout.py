@@ -1,0 +1,102 @@
+"""The house's rules, read from the code's own imports: no import cycles, no face importing
+another face, the service free of models/ and torch, and no private server internals or the C
+API through ctypes in the service."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("service", "bench", "export", "models", "contract", "deploy")
+FACES = ("service.rest", "service.grpc")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file (lazy imports count too)."""
+    found: set[str] = set()
+    package = _module(path).rpartition(".")[0] if path.name != "__init__.py" else _module(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    sources = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    modules = {_module(p): p for p in sources if "_pb2" not in p.name}
+    return {name: {m for m in _imports(path) if m in modules} for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_no_face_imports_another(face: str) -> None:
+    others = [f for f in FACES if f != face]
+    for module, imported in _graph().items():
+        if module.startswith(face):
+            crossing = [m for m in imported if m.startswith(tuple(others))]
+            assert not crossing, f"{module} imports {crossing}"
+
+
+def test_the_service_needs_neither_torch_nor_models() -> None:
+    for path in (ROOT / "service").rglob("*.py"):
+        imported = _imports(path)
+        assert not any(m == "torch" or m.startswith(("torch.", "models")) for m in imported), path
+
+
+# The one module allowed a private import, pinned and guarded (test_protocol_pin.py).
+PRIVATE_HOOK = ROOT / "service" / "rest" / "protocol.py"
+
+
+def test_the_service_uses_no_private_server_modules_or_the_c_api() -> None:
+    hooks = []
+    for path in (ROOT / "service").rglob("*.py"):
+        assert "pythonapi" not in path.read_text(), f"{path} reaches the C API through ctypes"
+        if any(m.startswith("uvicorn.protocols") for m in _imports(path)):
+            hooks.append(path)
+    assert hooks == [PRIVATE_HOOK]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
