@@ -210,7 +210,7 @@ def evaluator(compile: bool = True) -> ActivationEvaluator:
     its graphs on onnxruntime, as on other execution providers."""
     import onnxruntime as ort
 
-    from service.runtime import SessionFactory
+    from service.onnxrt import SessionFactory
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

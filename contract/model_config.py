@@ -243,32 +243,27 @@ def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
 
 def derive_model_config(
     name: str,
-    inputs: list[tuple[str, str, list[Any]]],
-    outputs: list[tuple[str, str, list[Any]]],
+    inputs: list[tuple[str, str, tuple[int, ...]]],
+    outputs: list[tuple[str, str, tuple[int, ...]]],
     default_max_batch_size: int,
 ) -> ModelConfig:
     """The ``config.pbtxt`` Triton's ONNX backend would complete from the model itself.
 
-    ``inputs`` and ``outputs`` are (name, ONNX type such as ``tensor(float)``, shape) with
-    symbolic dimensions as strings or None. When every tensor's first dimension is symbolic it
-    is taken as the batch axis (``max_batch_size: default_max_batch_size``, dynamic batching
-    on); otherwise the model has none (``max_batch_size: 0``, dims as declared). Other symbolic
-    dimensions become -1. ``ConfigParseError`` for a type the service cannot serve.
+    ``inputs`` and ``outputs`` are (name, V2 datatype, dims) as the model file declares them,
+    -1 for a dimension that is not fixed (a type with no V2 datatype as the file names it,
+    such as ``tensor(string)``). When every tensor's first dimension is not fixed it is taken
+    as the batch axis (``max_batch_size: default_max_batch_size``, dynamic batching on);
+    otherwise the model has none (``max_batch_size: 0``, dims as declared).
+    ``ConfigParseError`` for a type the service cannot serve.
     """
+    batching = all(len(dims) >= 1 and dims[0] == -1 for _, _, dims in [*inputs, *outputs])
+    served = set(ONNX_TO_V2.values())
 
-    def batch_axis(shape: list[Any]) -> bool:
-        return len(shape) >= 1 and not isinstance(shape[0], int)
-
-    batching = all(batch_axis(shape) for _, _, shape in [*inputs, *outputs])
-
-    def tensor(spec: tuple[str, str, list[Any]]) -> TensorConfig:
-        tensor_name, onnx_type, shape = spec
-        if onnx_type not in ONNX_TO_V2:
-            raise ConfigParseError(f"{tensor_name}: unsupported type {onnx_type}")
-        dims = shape[1:] if batching else shape
-        return TensorConfig(
-            tensor_name, ONNX_TO_V2[onnx_type], tuple(d if isinstance(d, int) else -1 for d in dims)
-        )
+    def tensor(spec: tuple[str, str, tuple[int, ...]]) -> TensorConfig:
+        tensor_name, datatype, dims = spec
+        if datatype not in served:
+            raise ConfigParseError(f"{tensor_name}: unsupported type {datatype}")
+        return TensorConfig(tensor_name, datatype, tuple(dims[1:] if batching else dims))
 
     return ModelConfig(
         name=name,

@@ -33,7 +33,8 @@ from onnx import TensorProto, helper
 from contract.names import EVALUATED_ACTIVATIONS
 from service.compiled import CompiledKernels, unavailable
 from service.formula import Builder, Formula, V
-from service.runtime import SessionFactory, largest_within, median_us
+from service.onnxrt import SessionFactory
+from service.runtime import largest_within, median_us
 
 logger = logging.getLogger("gelu_serve")
 

@@ -46,8 +46,10 @@ from service.inference import (
     RequestOutput,
 )
 from service.metrics import Metrics
+from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
-from service.runtime import Model, SessionFactory, dims_match, model_names, session_options
+from service.repository.layout import model_names
+from service.runtime import Model, Runtime, dims_match
 from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
@@ -98,8 +100,11 @@ def top_classes(
 class DataPlane:
     """Models, activations and inference, independent of any wire protocol."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, runtime: Runtime | None = None
+    ) -> None:
         self.settings = settings
+        self.runtime = runtime  # what opens model files; onnxruntime on the settings' providers
         self.metrics = metrics or Metrics(settings.prometheus_multiproc_dir is not None)
         self.repository: ModelRepository | None = None
         self._activations: ActivationEvaluator | None = None
@@ -124,7 +129,8 @@ class DataPlane:
             )
         options = session_options(settings.intra_op_threads, settings.inter_op_threads)
         sessions = SessionFactory(settings.ort_providers, options, settings.strict_providers)
-        repository = ModelRepository(settings, sessions, self.metrics)
+        runtime = self.runtime or OnnxRuntime(sessions)
+        repository = ModelRepository(settings, runtime, self.metrics)
         names = model_names(root)
         if settings.model_control_mode == "explicit" and "*" not in settings.load_models:
             names = settings.load_models

@@ -86,6 +86,7 @@ class ModelInfo:
     metrics: dict[str, float]
     max_batch_size: int  # the largest batch one request may carry
     providers: list[str]
+    memory_bytes: int  # what opening its session took of the process's memory, measured
     dynamic_batching: bool
     max_queue_delay_us: int | None
     config_max_batch_size: int = 0  # config.pbtxt's own value

@@ -1,37 +1,73 @@
-"""onnxruntime sessions for every model version in the repository: numpy in, numpy out.
+"""The runtime interface: what the serving core needs of whatever runs a model.
 
-This module knows nothing of HTTP. It loads ``<repo>/<model>/<version>/model.onnx``, checks each
-session against its ``config.pbtxt``, detects a silent fallback from a requested execution
-provider, and warms the session up.
+A ``Runtime`` opens a version's model file as a ``Session`` (the tensors it declares, the
+providers it really runs on, the memory it took, ``run`` and ``close``); ``Model`` is one
+version on a session, checked against its ``config.pbtxt``, warmed and timed the same way
+whichever runtime holds it. onnxruntime, on CPU or CUDA, is the one runtime today
+(``service.onnxrt``); where versions live on disk is the repository's (``service.repository``).
 """
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from contract.metadata import ModelMetadata
-from contract.model_config import (
-    ONNX_TO_V2,
-    ConfigParseError,
-    ModelConfig,
-    TensorConfig,
-    derive_model_config,
-    load_model_config,
-)
-from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
+from contract.model_config import ModelConfig, TensorConfig
 from service.errors import ModelLoadError
 
-logger = logging.getLogger("gelu_serve")
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor as a model file declares it: V2 datatype, dims (-1 where not fixed)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+class Session(Protocol):
+    """One model file opened on a runtime."""
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers it really runs on, in order of preference."""
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Its inputs, as the file declares them."""
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Its outputs, as the file declares them."""
+
+    @property
+    def metadata_props(self) -> dict[str, str]:
+        """The file's metadata (the repository contract's keys, ``contract.metadata``)."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """What opening it took of the process's memory, measured (0 where unknown)."""
+
+    def run(self, outputs: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The named outputs for ``feed``; blocks (the core calls it off the event loop or
+        within the inline bound)."""
+
+    def close(self) -> None:
+        """Let its memory go; no run follows."""
+
+
+class Runtime(Protocol):
+    """What opens model files as sessions."""
+
+    def open(self, model_file: Path, label: str) -> Session:
+        """``model_file`` opened; ``ModelLoadError`` (naming ``label``) if it cannot be."""
 
 
 def median_us(run: Callable[[], object], runs: int = 5) -> float:
@@ -61,73 +97,15 @@ def largest_within(
         size = min(size * 2, largest)
 
 
-def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
-    """Session options shared by model and activation sessions."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads
-    options.inter_op_num_threads = inter_op_threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3  # errors only; provider fallback is reported by us
-    return options
-
-
-class SessionFactory:
-    """Creates onnxruntime sessions on the configured providers and reports fallbacks once.
-
-    onnxruntime silently falls back to CPU when a requested provider cannot load; compare what
-    was asked for with what each session reports, log each missing provider once (not once per
-    model and graph), and refuse under ``strict``.
-    """
-
-    def __init__(self, providers: list[str], options: ort.SessionOptions, strict: bool) -> None:
-        self.providers = providers
-        self.options = options
-        self.strict = strict
-        self._reported: set[str] = set()
-
-    def create(self, source: str | bytes, label: str) -> tuple[ort.InferenceSession, list[str]]:
-        """An InferenceSession for ``source`` (a path or serialized model) and the providers it
-        really uses; ``ModelLoadError`` if it cannot load, or falls back under ``strict``."""
-        try:
-            with warnings.catch_warnings():
-                # onnxruntime warns of a missing provider; the message below says it better.
-                warnings.simplefilter("ignore", UserWarning)
-                session = ort.InferenceSession(
-                    source, sess_options=self.options, providers=self.providers
-                )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelLoadError(f"{label}: onnxruntime cannot load it: {reason}") from None
-        in_use = session.get_providers()
-        missing = [p for p in self.providers if p not in in_use]
-        if missing and self.strict:
-            raise ModelLoadError(
-                f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
-                f"(onnxruntime offers {', '.join(ort.get_available_providers())}); refusing to "
-                "start (GELU_STRICT_PROVIDERS=true)"
-            )
-        for provider in missing:
-            if provider not in self._reported:
-                self._reported.add(provider)
-                logger.warning(
-                    "requested execution provider %s unavailable (onnxruntime offers %s); "
-                    "running on %s",
-                    provider,
-                    ", ".join(ort.get_available_providers()),
-                    ", ".join(in_use),
-                )
-        return session, in_use
-
-
 @dataclass
 class Model:
-    """One version of one model, loaded and checked."""
+    """One version of one model, loaded on a runtime (its ``session``) and checked against
+    its config; what the core batches and runs, whichever runtime holds it."""
 
     name: str
     version: str
     config: ModelConfig
-    session: ort.InferenceSession
-    providers: list[str]
+    session: Session
     metadata: ModelMetadata
     output_names: list[str] = field(init=False)
     input_configs: dict[str, TensorConfig] = field(init=False)  # by name
@@ -135,6 +113,11 @@ class Model:
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
         self.input_configs = {t.name: t for t in self.config.inputs}
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the session really runs on."""
+        return self.session.providers
 
     @property
     def task(self) -> str:
@@ -151,6 +134,10 @@ class Model:
         names = outputs or self.output_names
         results = self.session.run(names, inputs)
         return dict(zip(names, results, strict=True))
+
+    def close(self) -> None:
+        """Release the session (its requests have finished)."""
+        self.session.close()
 
     def example_feed(self, batch: int) -> dict[str, np.ndarray]:
         """Zeros of every input for a batch of ``batch`` (a model without a batch axis,
@@ -182,17 +169,11 @@ class Model:
         """The session's inputs and outputs must be exactly those ``config.pbtxt`` declares."""
         label = f"{self.name}/{self.version}"
         for kind, declared, actual in (
-            ("input", self.config.inputs, self.session.get_inputs()),
-            ("output", self.config.outputs, self.session.get_outputs()),
+            ("input", self.config.inputs, self.session.inputs),
+            ("output", self.config.outputs, self.session.outputs),
         ):
             skip = 1 if self.config.max_batch_size else 0  # the batch axis
-            got = {
-                a.name: (
-                    ONNX_TO_V2.get(a.type, a.type),
-                    tuple(d if isinstance(d, int) else -1 for d in a.shape[skip:]),
-                )
-                for a in actual
-            }
+            got = {a.name: (a.datatype, a.dims[skip:]) for a in actual}
             want = {d.name: (d.datatype, d.dims) for d in declared}
             if set(got) != set(want):
                 raise ModelLoadError(
@@ -211,99 +192,3 @@ def dims_match(actual: tuple[int, ...], declared: tuple[int, ...]) -> bool:
     return len(actual) == len(declared) and all(
         a == d or a == -1 or d == -1 for a, d in zip(actual, declared, strict=True)
     )
-
-
-def model_names(root: Path) -> list[str]:
-    """The models a repository holds: its directories (export's ``.staging`` ones aside)."""
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def read_config(
-    model_dir: Path, complete: Callable[[Path], ModelConfig] | None = None
-) -> ModelConfig:
-    """A model's ``config.pbtxt``, checked against its directory; ``ModelLoadError`` if not.
-    Without the file, ``complete`` (when given) derives one from the model itself."""
-    config_path = model_dir / CONFIG_FILENAME
-    try:
-        if complete is not None and not config_path.exists():
-            return complete(model_dir)
-        config = load_model_config(config_path.read_text())
-    except (OSError, ConfigParseError) as exc:
-        raise ModelLoadError(f"{config_path}: {exc}") from None
-    if config.name != model_dir.name:
-        raise ModelLoadError(f"{config_path}: name {config.name!r} != directory name")
-    if config.platform != PLATFORM:
-        raise ModelLoadError(f"{config_path}: platform {config.platform!r} is not served")
-    return config
-
-
-_skipped: set[Path] = set()  # version directories already warned about
-
-
-def version_dirs(model_dir: Path) -> dict[int, Path]:
-    """A model's version directories by number. As Triton, a version is a positive integer;
-    any other directory is skipped with a warning (once)."""
-    versions: dict[int, Path] = {}
-    for path in model_dir.iterdir():
-        if not path.is_dir():
-            continue
-        if path.name.isascii() and path.name.isdigit() and int(path.name) > 0:
-            versions[int(path.name)] = path
-        elif path not in _skipped:
-            _skipped.add(path)
-            logger.warning("%s: not a version (a positive integer): skipped", path)
-    return versions
-
-
-def signature(model_dir: Path, version: int) -> tuple[int, ...]:
-    """What changes when a version's files change: size and modification time of its
-    ``model.onnx`` and of the model's ``config.pbtxt`` (when it has one)."""
-    config = model_dir / CONFIG_FILENAME
-    paths = [config] if config.exists() else []
-    stats = [p.stat() for p in [*paths, model_dir / str(version) / MODEL_FILENAME]]
-    return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
-
-
-def config_completer(
-    sessions: SessionFactory, default_max_batch_size: int
-) -> Callable[[Path], ModelConfig]:
-    """What derives a model's config from its highest version's ONNX file, as Triton's
-    auto-complete does (see ``contract.model_config.derive_model_config``)."""
-
-    def specs(tensors: list[Any]) -> list[tuple[str, str, list[Any]]]:
-        return [(t.name, t.type, list(t.shape)) for t in tensors]
-
-    def complete(model_dir: Path) -> ModelConfig:
-        versions = version_dirs(model_dir)
-        if not versions:
-            raise ModelLoadError(f"{model_dir}: no config.pbtxt, and no version to derive it from")
-        path = versions[max(versions)] / MODEL_FILENAME
-        session, _ = sessions.create(str(path), f"{model_dir.name}/{max(versions)}")
-        config = derive_model_config(
-            model_dir.name,
-            specs(session.get_inputs()),
-            specs(session.get_outputs()),
-            default_max_batch_size,
-        )
-        logger.info("%s: no config.pbtxt; derived from %s", model_dir.name, path)
-        return config
-
-    return complete
-
-
-def load_version(
-    model_dir: Path, version: int, config: ModelConfig, sessions: SessionFactory, warmup_runs: int
-) -> Model:
-    """One version loaded, checked against ``config`` and warmed; ``ModelLoadError`` if not.
-    Blocks: call it off the event loop."""
-    label = f"{model_dir.name}/{version}"
-    session, in_use = sessions.create(str(model_dir / str(version) / MODEL_FILENAME), label)
-    try:
-        meta = ModelMetadata.from_props(session.get_modelmeta().custom_metadata_map)
-    except ValueError as exc:
-        raise ModelLoadError(f"{label}: unreadable metadata_props: {exc}") from None
-    model = Model(model_dir.name, str(version), config, session, in_use, meta)
-    model.check_against_config()
-    model.warm_up(warmup_runs)
-    logger.info("loaded %s on %s", label, ", ".join(in_use))
-    return model

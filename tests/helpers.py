@@ -36,15 +36,10 @@ def assert_error(response, status: int, needle: str) -> None:
 
 def load_model(repository: Path, name: str, version: int | None = None, warmup: int = 1) -> Model:
     """One version of a repository's model (default: the highest), loaded on the CPU."""
-    from service.runtime import (
-        SessionFactory,
-        load_version,
-        read_config,
-        session_options,
-        version_dirs,
-    )
+    from service.onnxrt import OnnxRuntime, SessionFactory, session_options
+    from service.repository.layout import load_version, read_config, version_dirs
 
     sessions = SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False)
     model_dir = repository / name
     chosen = version or max(version_dirs(model_dir))
-    return load_version(model_dir, chosen, read_config(model_dir), sessions, warmup)
+    return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)

@@ -49,6 +49,9 @@ class ModelSummary(BaseModel):
     )
     max_batch_size: int
     providers: list[str] = Field(description="execution providers the session really uses")
+    memory_bytes: int = Field(
+        description="resident memory the latest version's session took when it loaded, measured"
+    )
     metrics: dict[str, float] = Field(description="training metrics of the latest version")
 
 

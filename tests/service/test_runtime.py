@@ -6,6 +6,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
@@ -119,3 +120,104 @@ def test_largest_batch_within_a_budget(model_repository: Path) -> None:
     assert model.largest_batch_within(1e9, 300)[0] == 300  # powers of two, then the largest
     limit, cost = model.largest_batch_within(0, 300)
     assert limit == 0 and cost > 0  # not even one sample fits: the time of one is reported
+
+
+class _NumpySession:
+    """A second runtime's session, behind the same interface: softmax(x @ w) in numpy."""
+
+    def __init__(self, features: int, classes: int) -> None:
+        from service.runtime import TensorSpec
+
+        self.w = np.random.default_rng(1).standard_normal((features, classes)).astype(np.float32)
+        self.providers = ["numpy"]
+        self.inputs = [TensorSpec("input", "FP32", (-1, features))]
+        self.outputs = [
+            TensorSpec("logits", "FP32", (-1, classes)),
+            TensorSpec("probabilities", "FP32", (-1, classes)),
+        ]
+        self.metadata_props: dict[str, str] = {}
+        self.memory_bytes = self.w.nbytes
+        self.runs: list[int] = []
+        self.closed = False
+
+    def run(self, outputs: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        assert not self.closed
+        self.runs.append(len(feed["input"]))
+        logits = feed["input"] @ self.w
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        answers = {"logits": logits, "probabilities": e / e.sum(axis=1, keepdims=True)}
+        return [answers[name] for name in outputs]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _NumpyRuntime:
+    def __init__(self) -> None:
+        self.opened: dict[str, _NumpySession] = {}
+
+    def open(self, model_file: Path, label: str) -> _NumpySession:
+        session = self.opened[label] = _NumpySession(64, 10)
+        return session
+
+
+def test_a_second_runtime_serves_behind_the_interface(model_repository: Path) -> None:
+    """The core runs models through ``service.runtime.Runtime`` only: a numpy runtime's
+    sessions are checked against config.pbtxt, warmed, batched, described and released as
+    onnxruntime's are."""
+    import asyncio
+
+    from contract.metadata import ModelMetadata
+    from service.dataplane import DataPlane
+    from service.inference import InferenceRequest, RequestInput
+
+    props = ModelMetadata(name="digits-mlp", version="1", arch="mlp", activation="gelu",
+                          task="classification", label_names=tuple("0123456789"),
+                          input_normalisation={"divide_by": 16.0}, metrics={},
+                          dataset="digits").to_props()  # fmt: skip
+    runtime = _NumpyRuntime()
+    real_open = runtime.open
+
+    def open_with_metadata(model_file: Path, label: str) -> _NumpySession:
+        session = real_open(model_file, label)
+        session.metadata_props = props
+        return session
+
+    runtime.open = open_with_metadata  # type: ignore[method-assign]
+    settings = Settings(
+        model_repository=model_repository,
+        warmup_runs=2,
+        grpc_port=0,
+        model_control_mode="explicit",
+        load_models=["digits-mlp"],
+    )
+
+    async def main() -> None:
+        plane = DataPlane(settings, runtime=runtime)
+        async with plane.running():
+            info = plane.model_info("digits-mlp")
+            assert info.providers == ["numpy"] and info.memory_bytes == 64 * 10 * 4
+            x = DIGITS[:3]
+            request = InferenceRequest([RequestInput(x, "input", "FP32")])
+            result = await plane.infer("digits-mlp", None, request)
+            session = runtime.opened["digits-mlp/2"]
+            expected = session.run(["probabilities"], {"input": x})[0]
+            np.testing.assert_allclose(result.outputs["probabilities"], expected)
+            assert 3 in session.runs  # the request's batch, after the warm-up's
+        assert all(s.closed for s in runtime.opened.values())  # every version released
+
+    asyncio.run(main())
+
+
+def test_onnxruntime_sessions_report_their_tensors_and_memory(model_repository: Path) -> None:
+    from service.onnxrt import OnnxRuntime, SessionFactory, session_options
+
+    runtime = OnnxRuntime(SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False))
+    session = runtime.open(model_repository / "digits-mlp" / "1" / "model.onnx", "digits-mlp/1")
+    assert [(t.name, t.datatype, t.dims) for t in session.inputs] == [("input", "FP32", (-1, 64))]
+    assert [t.name for t in session.outputs] == ["logits", "probabilities"]
+    assert session.providers == ["CPUExecutionProvider"] and session.memory_bytes >= 0
+    assert session.metadata_props["task"] == "classification"
+    (probabilities,) = session.run(["probabilities"], {"input": DIGITS[:2]})
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    session.close()

@@ -27,9 +27,7 @@ from service.batching import Batcher, Runs
 from service.errors import ModelLoadError, NotFoundError
 from service.inference import ModelInfo, TensorInfo
 from service.metrics import Metrics
-from service.runtime import (
-    Model,
-    SessionFactory,
+from service.repository.layout import (
     config_completer,
     load_version,
     model_names,
@@ -37,6 +35,7 @@ from service.runtime import (
     signature,
     version_dirs,
 )
+from service.runtime import Model, Runtime
 from service.settings import Settings
 
 logger = logging.getLogger("gelu_serve")
@@ -78,10 +77,10 @@ class VersionState:
 class ModelRepository:
     """Every model version serving from one repository root; all state lives on the loop."""
 
-    def __init__(self, settings: Settings, sessions: SessionFactory, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime, metrics: Metrics) -> None:
         self.root = settings.model_repository
         self.settings = settings
-        self.sessions = sessions
+        self.runtime = runtime
         self.metrics = metrics
         self._serving: dict[str, dict[str, Served]] = {}
         self._states: dict[str, dict[str, VersionState]] = {}
@@ -93,7 +92,7 @@ class ModelRepository:
         self._complete = (
             None
             if settings.strict_model_config
-            else config_completer(sessions, settings.default_max_batch_size)
+            else config_completer(runtime, settings.default_max_batch_size)
         )
 
     # ---- lookups -----------------------------------------------------------------------------
@@ -262,7 +261,7 @@ class ModelRepository:
                     model_dir,
                     version,
                     config,
-                    self.sessions,
+                    self.runtime,
                     self.settings.warmup_runs,
                 )
                 kept[key] = await self._serve(model, files)
@@ -317,6 +316,7 @@ class ModelRepository:
             await served.drained.wait()
             if served.batcher is not None:
                 await served.batcher.stop()
+            served.model.close()
 
         task = asyncio.get_running_loop().create_task(drain())
         self._retiring.add(task)
@@ -389,6 +389,7 @@ class ModelRepository:
             metrics=meta.metrics,
             max_batch_size=self.max_batch(model),
             providers=model.providers,
+            memory_bytes=model.session.memory_bytes,
             dynamic_batching=config.dynamic_batching,
             max_queue_delay_us=config.max_queue_delay_us,
             config_max_batch_size=config.max_batch_size,

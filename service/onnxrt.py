@@ -1,0 +1,134 @@
+"""onnxruntime as the core's runtime (``service.runtime.Runtime``), on the execution providers
+the settings name: CPU, or CUDA with the CPU behind it.
+
+It detects a silent fallback from a requested provider (onnxruntime runs on the CPU when a
+provider cannot load), logs each missing provider once and refuses under
+``GELU_STRICT_PROVIDERS``. The activation graphs (``service.activations``) are opened here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from contract.model_config import ONNX_TO_V2
+from service.errors import ModelLoadError
+from service.runtime import TensorSpec
+
+logger = logging.getLogger("gelu_serve")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    """Session options shared by model and activation sessions."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only; provider fallback is reported by us
+    return options
+
+
+class SessionFactory:
+    """Creates onnxruntime sessions on the configured providers and reports fallbacks once.
+
+    onnxruntime silently falls back to CPU when a requested provider cannot load; compare what
+    was asked for with what each session reports, log each missing provider once (not once per
+    model and graph), and refuse under ``strict``.
+    """
+
+    def __init__(self, providers: list[str], options: ort.SessionOptions, strict: bool) -> None:
+        self.providers = providers
+        self.options = options
+        self.strict = strict
+        self._reported: set[str] = set()
+
+    def create(self, source: str | bytes, label: str) -> tuple[ort.InferenceSession, list[str]]:
+        """An InferenceSession for ``source`` (a path or serialized model) and the providers it
+        really uses; ``ModelLoadError`` if it cannot load, or falls back under ``strict``."""
+        try:
+            with warnings.catch_warnings():
+                # onnxruntime warns of a missing provider; the message below says it better.
+                warnings.simplefilter("ignore", UserWarning)
+                session = ort.InferenceSession(
+                    source, sess_options=self.options, providers=self.providers
+                )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"{label}: onnxruntime cannot load it: {reason}") from None
+        in_use = session.get_providers()
+        missing = [p for p in self.providers if p not in in_use]
+        if missing and self.strict:
+            raise ModelLoadError(
+                f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
+                f"(onnxruntime offers {', '.join(ort.get_available_providers())}); refusing to "
+                "start (GELU_STRICT_PROVIDERS=true)"
+            )
+        for provider in missing:
+            if provider not in self._reported:
+                self._reported.add(provider)
+                logger.warning(
+                    "requested execution provider %s unavailable (onnxruntime offers %s); "
+                    "running on %s",
+                    provider,
+                    ", ".join(ort.get_available_providers()),
+                    ", ".join(in_use),
+                )
+        return session, in_use
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now (Linux), or 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _specs(arguments: list[ort.NodeArg]) -> list[TensorSpec]:
+    return [
+        TensorSpec(
+            a.name,
+            ONNX_TO_V2.get(a.type, a.type),
+            tuple(d if isinstance(d, int) else -1 for d in a.shape),
+        )
+        for a in arguments
+    ]
+
+
+class OrtSession:
+    """One model file on onnxruntime (``service.runtime.Session``)."""
+
+    def __init__(self, session: ort.InferenceSession, providers: list[str], memory: int) -> None:
+        self._run = session.run
+        self.providers = providers
+        self.inputs = _specs(session.get_inputs())
+        self.outputs = _specs(session.get_outputs())
+        self.metadata_props = dict(session.get_modelmeta().custom_metadata_map)
+        self.memory_bytes = memory
+
+    def run(self, outputs: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        results: list[np.ndarray] = self._run(outputs, feed)
+        return results
+
+    def close(self) -> None:
+        # onnxruntime frees a session when the last reference to it goes: this one.
+        del self._run
+
+
+class OnnxRuntime:
+    """Opens model files as onnxruntime sessions (``service.runtime.Runtime``)."""
+
+    def __init__(self, sessions: SessionFactory) -> None:
+        self.sessions = sessions
+
+    def open(self, model_file: Path, label: str) -> OrtSession:
+        before = resident_bytes()
+        session, in_use = self.sessions.create(str(model_file), label)
+        return OrtSession(session, in_use, max(0, resident_bytes() - before))

@@ -1,0 +1,121 @@
+"""The model repository on disk, as Triton lays it out: ``<root>/<model>/config.pbtxt`` and
+``<root>/<model>/<version>/model.onnx``; which models and versions there are, their configs,
+what changes when their files change, and a version loaded on a runtime."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from contract.metadata import ModelMetadata
+from contract.model_config import (
+    ConfigParseError,
+    ModelConfig,
+    derive_model_config,
+    load_model_config,
+)
+from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
+from service.errors import ModelLoadError
+from service.runtime import Model, Runtime, TensorSpec
+
+logger = logging.getLogger("gelu_serve")
+
+
+def model_names(root: Path) -> list[str]:
+    """The models a repository holds: its directories (export's ``.staging`` ones aside)."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def read_config(
+    model_dir: Path, complete: Callable[[Path], ModelConfig] | None = None
+) -> ModelConfig:
+    """A model's ``config.pbtxt``, checked against its directory; ``ModelLoadError`` if not.
+    Without the file, ``complete`` (when given) derives one from the model itself."""
+    config_path = model_dir / CONFIG_FILENAME
+    try:
+        if complete is not None and not config_path.exists():
+            return complete(model_dir)
+        config = load_model_config(config_path.read_text())
+    except (OSError, ConfigParseError) as exc:
+        raise ModelLoadError(f"{config_path}: {exc}") from None
+    if config.name != model_dir.name:
+        raise ModelLoadError(f"{config_path}: name {config.name!r} != directory name")
+    if config.platform != PLATFORM:
+        raise ModelLoadError(f"{config_path}: platform {config.platform!r} is not served")
+    return config
+
+
+_skipped: set[Path] = set()  # version directories already warned about
+
+
+def version_dirs(model_dir: Path) -> dict[int, Path]:
+    """A model's version directories by number. As Triton, a version is a positive integer;
+    any other directory is skipped with a warning (once)."""
+    versions: dict[int, Path] = {}
+    for path in model_dir.iterdir():
+        if not path.is_dir():
+            continue
+        if path.name.isascii() and path.name.isdigit() and int(path.name) > 0:
+            versions[int(path.name)] = path
+        elif path not in _skipped:
+            _skipped.add(path)
+            logger.warning("%s: not a version (a positive integer): skipped", path)
+    return versions
+
+
+def signature(model_dir: Path, version: int) -> tuple[int, ...]:
+    """What changes when a version's files change: size and modification time of its
+    ``model.onnx`` and of the model's ``config.pbtxt`` (when it has one)."""
+    config = model_dir / CONFIG_FILENAME
+    paths = [config] if config.exists() else []
+    stats = [p.stat() for p in [*paths, model_dir / str(version) / MODEL_FILENAME]]
+    return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
+
+
+def config_completer(
+    runtime: Runtime, default_max_batch_size: int
+) -> Callable[[Path], ModelConfig]:
+    """What derives a model's config from its highest version's ONNX file, as Triton's
+    auto-complete does (see ``contract.model_config.derive_model_config``)."""
+
+    def specs(tensors: list[TensorSpec]) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(t.name, t.datatype, t.dims) for t in tensors]
+
+    def complete(model_dir: Path) -> ModelConfig:
+        versions = version_dirs(model_dir)
+        if not versions:
+            raise ModelLoadError(f"{model_dir}: no config.pbtxt, and no version to derive it from")
+        path = versions[max(versions)] / MODEL_FILENAME
+        session = runtime.open(path, f"{model_dir.name}/{max(versions)}")
+        config = derive_model_config(
+            model_dir.name, specs(session.inputs), specs(session.outputs), default_max_batch_size
+        )
+        session.close()
+        logger.info("%s: no config.pbtxt; derived from %s", model_dir.name, path)
+        return config
+
+    return complete
+
+
+def load_version(
+    model_dir: Path, version: int, config: ModelConfig, runtime: Runtime, warmup_runs: int
+) -> Model:
+    """One version opened on ``runtime``, checked against ``config`` and warmed;
+    ``ModelLoadError`` if not. Blocks: call it off the event loop."""
+    label = f"{model_dir.name}/{version}"
+    session = runtime.open(model_dir / str(version) / MODEL_FILENAME, label)
+    try:
+        meta = ModelMetadata.from_props(session.metadata_props)
+    except ValueError as exc:
+        session.close()
+        raise ModelLoadError(f"{label}: unreadable metadata_props: {exc}") from None
+    model = Model(model_dir.name, str(version), config, session, meta)
+    try:
+        model.check_against_config()
+        model.warm_up(warmup_runs)
+    except ModelLoadError:
+        model.close()
+        raise
+    logger.info("loaded %s on %s", label, ", ".join(session.providers))
+    return model
