@@ -3,9 +3,10 @@
 ``DataPlane(settings)`` owns the live model repository (``service.repository``: sessions,
 batchers, statistics), the activation evaluator and the metrics. ``await start()`` loads what
 the model control mode names and builds the activation graphs; ``await stop()`` lets every
-version finish its requests. Every face (the FastAPI app, a Ray Serve replica, the tests)
-builds one and translates its protocol to the calls here: ``infer``, ``activate``,
-``model_info``, ``statistics``, ``repository_index``, ``load_model``, ``unload_model``.
+version finish its requests. Every face (the FastAPI app, the gRPC server, a Ray Serve replica, the
+tests) translates its protocol to the calls here: ``infer``, ``activate``, ``model_metadata``,
+``model_config``, ``statistics``; model control (load, unload, the index) is its own handler
+over the same repository, ``control`` (``service.control``).
 Requests are checked against the model here, once, so every face gives the same answer to the
 same mistake.
 """
@@ -13,11 +14,10 @@ same mistake.
 from __future__ import annotations
 
 import gc
-import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from service import __version__
 from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
 from service.batching import Deadline, timed_infer
 from service.codecs import cast
+from service.control import ModelControl
 from service.errors import (
     BadInputError,
     ModelLoadError,
@@ -36,7 +37,6 @@ from service.errors import (
     OverloadedError,
     PayloadTooLargeError,
     StartupError,
-    UnauthorizedError,
 )
 from service.inference import (
     InferenceRequest,
@@ -65,12 +65,6 @@ EXTENSIONS = [
     "model_repository",
     "statistics",
 ]
-# Triton's answer to a load or unload outside explicit mode.
-CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
-
-
-class ControlForbiddenError(NotReadyError):
-    """Load and unload outside explicit mode (Triton answers 503 UNAVAILABLE)."""
 
 
 def top_classes(
@@ -113,6 +107,7 @@ class DataPlane:
         self._codec_threads: anyio.CapacityLimiter | None = None
         self._activation_threads: anyio.CapacityLimiter | None = None
         self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
+        self.control = ModelControl(settings, self._repository)  # the repository extension
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -261,56 +256,13 @@ class DataPlane:
         """The server's name, version and protocol extensions."""
         return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
 
-    # ---- model control (Triton's repository extension) ---------------------------------------
+    # ---- statistics (Triton's extension) -----------------------------------------------------
 
     def statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[dict[str, object]]:
         """Triton's statistics: every serving version, one model's, or one version's."""
         return self._repository().statistics(name, version)
-
-    def authorize_control(self, authorization: str | None) -> None:
-        """401 unless ``authorization`` is ``Bearer <GELU_CONTROL_TOKEN>`` (when one is set)."""
-        token = self.settings.control_token
-        if token is None:
-            return
-        expected = f"Bearer {token.get_secret_value()}".encode()
-        if not hmac.compare_digest((authorization or "").encode(), expected):
-            raise UnauthorizedError(
-                "the repository API is restricted: send 'Authorization: Bearer <token>' "
-                "with the GELU_CONTROL_TOKEN"
-            )
-
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model in the repository with its versions' states and reasons."""
-        return self._repository().index(ready_only)
-
-    async def load_model(self, name: str, parameters: Iterable[str] = ()) -> None:
-        """Load or reload ``name`` (explicit mode only), as its repository directory holds it.
-        ``parameters`` names the load request's parameters: Triton's overrides, ``config`` and
-        ``file:<path>``, are refused rather than ignored (a client sending them expects the
-        model they describe); any other is ignored."""
-        self._check_control()
-        for key in parameters:
-            if key == "config" or key.startswith("file:"):
-                raise BadInputError(
-                    f"load parameter {key!r} is not supported: a model loads from its directory "
-                    "in the model repository (config.pbtxt and the version directories); change "
-                    "the files there and load again"
-                )
-        try:
-            await self._repository().load(name)
-        except ModelLoadError as exc:
-            raise BadInputError(f"failed to load {name!r}: {exc}") from None
-
-    async def unload_model(self, name: str) -> None:
-        """Stop serving ``name`` once its requests finish (explicit mode only)."""
-        self._check_control()
-        await self._repository().unload(name)
-
-    def _check_control(self) -> None:
-        if self.settings.model_control_mode != "explicit":
-            raise ControlForbiddenError(CONTROL_FORBIDDEN)
 
     # ---- inference -----------------------------------------------------------------------------
 

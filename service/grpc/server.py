@@ -287,22 +287,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _index(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         self._authorize(context)
-        models = self.plane.repository_index(request.ready)
+        models = self.plane.control.index(request.ready)
         return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
 
     async def _load(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
         self._authorize(context)
-        await self.plane.load_model(request.model_name, request.parameters)
+        await self.plane.control.load(request.model_name, request.parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def _unload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
         self._authorize(context)
-        await self.plane.unload_model(request.model_name)
+        await self.plane.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     def _authorize(self, context: Any) -> None:
         metadata = dict(context.invocation_metadata() or ())
-        self.plane.authorize_control(metadata.get("authorization"))
+        self.plane.control.authorize(metadata.get("authorization"))
 
 
 async def _abort(

@@ -146,7 +146,7 @@ add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=r
 def authorized_plane(request: Request) -> DataPlane:
     """The data plane, once the request may use the repository API (401 if not)."""
     plane = get_plane(request)
-    plane.authorize_control(request.headers.get("authorization"))
+    plane.control.authorize(request.headers.get("authorization"))
     return plane
 
 
@@ -163,7 +163,7 @@ async def repository_index(request: Request) -> Response:
     ready = (await _optional_object(request, shape)).get("ready", False)
     if not isinstance(ready, bool):
         raise BadInputError(f"body must be a JSON object {shape}")
-    return _json(plane.repository_index(ready))
+    return _json(plane.control.index(ready))
 
 
 @router.post(
@@ -176,7 +176,7 @@ async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
     plane = authorized_plane(request)
-    await plane.load_model(name, await _control_parameters(request))
+    await plane.control.load(name, await _control_parameters(request))
     return _json({})
 
 
@@ -190,7 +190,7 @@ async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
     plane = authorized_plane(request)
     await _control_parameters(request)  # unload_dependents: no model here has dependents
-    await plane.unload_model(name)
+    await plane.control.unload(name)
     return _json({})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from service.dataplane import CONTROL_FORBIDDEN
+from service.control import CONTROL_FORBIDDEN
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
 

@@ -1,0 +1,72 @@
+"""Model control, Triton's model repository extension: load, unload and the index, and who
+may call them. A handler of its own over the live repository (as MLServer's
+``handlers/model_repository.py``), apart from inference: both faces call it, the HTTP face under
+``/v2/repository`` and the gRPC face as ``Repository*``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Iterable
+
+from service.errors import BadInputError, ModelLoadError, NotReadyError, UnauthorizedError
+from service.repository import ModelRepository
+from service.settings import Settings
+
+# Triton's answer to a load or unload outside explicit mode.
+CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
+
+
+class ControlForbiddenError(NotReadyError):
+    """Load and unload outside explicit mode (Triton answers 503 UNAVAILABLE)."""
+
+
+class ModelControl:
+    """Load, unload and index the models of ``repository()`` (503 while it is not started)."""
+
+    def __init__(self, settings: Settings, repository: Callable[[], ModelRepository]) -> None:
+        self.settings = settings
+        self._repository = repository
+
+    def authorize(self, authorization: str | None) -> None:
+        """401 unless ``authorization`` is ``Bearer <GELU_CONTROL_TOKEN>`` (when one is set)."""
+        token = self.settings.control_token
+        if token is None:
+            return
+        expected = f"Bearer {token.get_secret_value()}".encode()
+        if not hmac.compare_digest((authorization or "").encode(), expected):
+            raise UnauthorizedError(
+                "the repository API is restricted: send 'Authorization: Bearer <token>' "
+                "with the GELU_CONTROL_TOKEN"
+            )
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model in the repository with its versions' states and reasons."""
+        return self._repository().index(ready_only)
+
+    async def load(self, name: str, parameters: Iterable[str] = ()) -> None:
+        """Load or reload ``name`` (explicit mode only), as its repository directory holds it.
+        ``parameters`` names the load request's parameters: Triton's overrides, ``config`` and
+        ``file:<path>``, are refused rather than ignored (a client sending them expects the
+        model they describe); any other is ignored."""
+        self._check_control()
+        for key in parameters:
+            if key == "config" or key.startswith("file:"):
+                raise BadInputError(
+                    f"load parameter {key!r} is not supported: a model loads from its directory "
+                    "in the model repository (config.pbtxt and the version directories); change "
+                    "the files there and load again"
+                )
+        try:
+            await self._repository().load(name)
+        except ModelLoadError as exc:
+            raise BadInputError(f"failed to load {name!r}: {exc}") from None
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name`` once its requests finish (explicit mode only)."""
+        self._check_control()
+        await self._repository().unload(name)
+
+    def _check_control(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise ControlForbiddenError(CONTROL_FORBIDDEN)
