@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool loadtest protos clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool loadtest protos settings-doc clean
 
 install: $(VENV)/.installed
 
@@ -86,6 +86,12 @@ bench-peers:
 # runs kept in docs/runs/ (a run's docs/benchmarks.json, copied there), measuring nothing.
 bench-pool: install
 	$(BIN)/gelu-serve bench --pool docs/runs/*.json
+
+# docs/settings.md's table, from service/settings.py's Settings (a test checks they agree).
+settings-doc: install
+	$(BIN)/python -c "from pathlib import Path; from contract.readme import replace_block; \
+	from service.settings import REFERENCE_BLOCK, reference; page = Path('docs/settings.md'); \
+	page.write_text(replace_block(page.read_text(), REFERENCE_BLOCK, reference()))"
 
 # A headless Locust run against a service already running on HOST:PORT (`make run`).
 loadtest: install

@@ -5,7 +5,7 @@ reads it) and ``models/`` (whose names it fixes): Triton's layout,
 - ``contract.names``: file, tensor, task and activation names;
 - ``contract.metadata``: the ONNX ``metadata_props`` export writes;
 - ``contract.model_config``: ``config.pbtxt``, written and read;
-- ``contract.readme``: the README's generated blocks, which commands write and tests check.
+- ``contract.readme``: the documents' generated blocks, which commands write and tests check.
 
 Imports nothing of the project and no torch, so every part, the serving install included,
 can import it.

@@ -1,4 +1,4 @@
-"""The README's generated blocks: text between a begin and an end marker that one of the
+"""The documents' generated blocks: text between a begin and an end marker that one of the
 project's commands writes (``make bench``, ``make accuracy``, ``make paper``) or a test records
 (the default models' table, the Ray cluster's run), and a test reads back to check it against
 what produced it."""

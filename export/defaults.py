@@ -1,8 +1,8 @@
-"""The default models (`make models`) and the README's table of them, read from the repository.
+"""The default models (`make models`) and docs/models.md's table of them, read from the repository.
 
 ``build`` trains and exports each default model the repository lacks; ``table`` describes what
-the repository holds from each model's ONNX metadata, so the README's figures are the ones the
-code produced (``tests/export/test_defaults.py`` holds the README against a fresh build).
+the repository holds from each model's ONNX metadata, so the table's figures are the ones the
+code produced (``tests/export/test_defaults.py`` holds the table against a fresh build).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table",
         action="store_true",
-        help="build nothing: print the README's markdown table of the default models",
+        help="build nothing: print docs/models.md's markdown table of the default models",
     )
 
 

@@ -1,6 +1,6 @@
 """Checkpoint -> ONNX with native ``Gelu`` ops -> validated model repository entry.
 
-The ONNX contract (fixed names, documented in the README):
+The ONNX contract (fixed names, documented in docs/models.md):
 
 - input ``input``: float32 ``[batch, *input_shape]``;
 - classifiers: outputs ``logits`` and ``probabilities`` (softmax), float32 ``[batch, classes]``;

@@ -4,7 +4,7 @@ torch picks its vectorised kernels, its own (ATen's) and oneDNN's, by the CPU it
 or AVX-512 on x86-64. Their float rounding differs, so the same seed trains a different
 network on each: on one AVX-512 machine the default models' validation accuracies were 0.9638
 and 0.9610 with every kernel free, 0.9694 and 0.9638 with ATen's held to AVX2 alone, and the
-README's 0.9638 and 0.9638 with both held to AVX2 (``tests/export/test_defaults.py`` builds
+table's 0.9638 and 0.9638 with both held to AVX2 (``tests/export/test_defaults.py`` builds
 them afresh). So that a build gives the same networks on more x86-64 CPUs, training uses the
 AVX2 kernels, unless ``ATEN_CPU_CAPABILITY`` or ``ONEDNN_MAX_CPU_ISA`` say otherwise. MKL's
 kernels still follow the CPU: an Intel Xeon host gave 0.9721 and 0.9749 so held (2026-11-26),

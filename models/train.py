@@ -29,7 +29,7 @@ CHECKPOINT_FORMAT = "gelu-serve/checkpoint-v1"
 # Below this much work per training step (parameters x batch size), one torch thread is faster
 # than two on a 2-core machine and does not collapse when anything else runs: the default
 # networks sit at 1e6-4e6, the 784-3x2048-10 benchmark model at 3e8 (2.4x faster on 2 threads).
-# Measured with one training step timed at 1 and 2 threads; see the README's "Models" section.
+# Measured with one training step timed at 1 and 2 threads; see docs/models.md.
 SINGLE_THREAD_WORK = 50_000_000
 
 

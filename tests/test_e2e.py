@@ -252,9 +252,9 @@ VENV_PYTHON = ".venv/bin/python "
 
 
 def readme_commands() -> list[str]:
-    """Every ``curl`` and ``.venv/bin/python`` command in the README's shell blocks, in order,
-    joined across line continuations."""
-    text = (ROOT / "README.md").read_text()
+    """Every ``curl`` and ``.venv/bin/python`` command in the shell blocks of the README and
+    docs/endpoints.md, in order, joined across line continuations."""
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "endpoints.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
     commands = []
     for block in blocks:
@@ -287,8 +287,8 @@ def test_readme_commands_work_as_written(server: int, tmp_path: Path) -> None:
 
 
 def test_readme_model_control_commands_work_as_written(trained_repository: Path) -> None:
-    """The README's model lifecycle block, in order, against an explicit-mode server."""
-    text = (ROOT / "README.md").read_text()
+    """docs/lifecycle.md's model control block, in order, against an explicit-mode server."""
+    text = (ROOT / "docs" / "lifecycle.md").read_text()
     (block,) = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     commands = [line for line in block.splitlines() if line.startswith("curl ")]
     assert len(commands) == 5

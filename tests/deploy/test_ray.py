@@ -1,7 +1,7 @@
 """The service on a real two-node Ray cluster, started as a user starts one, driven through
 Ray's HTTP proxy: placement, answers, autoscaling, a replica killed under load, repository
 polling, and service-wide metrics from Ray's own export. The figures it measures are printed
-(``pytest -s``) and quoted in the README's "Scaling out"."""
+(``pytest -s``) and quoted in docs/deployment.md's "Scaling out"."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.onnx_models import write_model
 from tests.service.rest.test_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ROOT / "docs" / "ray.json"  # the run the README quotes
+FIGURES = ROOT / "docs" / "ray.json"  # the run docs/deployment.md quotes
 README_BLOCK = (
     "<!-- ray-figures: GELU_RECORD_FIGURES=1 pytest -m slow tests/deploy/test_ray.py -->",
     "<!-- /ray-figures -->",
@@ -46,7 +46,7 @@ RAY_ENV = {
     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
     # The test sends everything through the head's proxy, which otherwise keeps requests on
-    # its own node's replica while it has one (README, "Where Ray sends a request").
+    # its own node's replica while it has one (docs/deployment.md, "Where Ray sends a request").
     "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
 }
 
@@ -275,7 +275,7 @@ def ray_counter(port: int, name: str) -> float:
 
 
 def render(figures: dict) -> str:
-    """The README's block of figures from one recorded run."""
+    """docs/deployment.md's block of figures from one recorded run."""
     f = figures
     lines = [
         README_BLOCK[0],
@@ -303,7 +303,7 @@ def render(figures: dict) -> str:
 def test_readme_quotes_the_recorded_run() -> None:
     import json as json_
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deployment.md").read_text()
     assert block(readme, README_BLOCK) == render(json_.loads(FIGURES.read_text()))
 
 

@@ -11,7 +11,8 @@ import pytest
 from contract.readme import block
 from export.defaults import TABLE_BEGIN, TABLE_END, _layers, table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "docs" / "models.md"
 
 
 def readme_table() -> str:
@@ -37,7 +38,7 @@ def test_readme_table_matches_a_fresh_build(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli", "models", "--repository", str(repository),
          "--checkpoints", str(tmp_path / "checkpoints")],
-        capture_output=True, text=True, timeout=600, cwd=README.parent,
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout

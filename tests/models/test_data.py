@@ -89,6 +89,7 @@ def test_missing_or_unknown_dataset_says_what_to_do(tmp_path: Path) -> None:
 
 
 def test_digits_is_bundled_and_scaled() -> None:
+    pytest.importorskip("sklearn", reason="the digits come with the [train] extra's scikit-learn")
     data = load_dataset("digits")
     assert data.images.shape == (1797, 1, 8, 8)
     assert data.images.max() == 1.0

@@ -75,7 +75,7 @@ def test_a_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
 def test_readme_quotes_the_committed_study() -> None:
     """The README's paper block is what docs/paper/results.json gives, byte for byte."""
     study = json.loads((ROOT / "docs" / "paper" / "results.json").read_text())
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "models.md").read_text()
     assert block(readme, paper.README_BLOCK) == paper.readme_block(study)
     table = (ROOT / "docs" / "paper" / "README.md").read_text()
     assert study["command"] in table and f"{study['wall_seconds'] / 60:.1f} minutes" in table

@@ -338,7 +338,8 @@ def test_a_lone_client_looks_for_company_ever_more_rarely(model, monkeypatch) ->
 
 
 def test_readme_quotes_the_quiet_and_the_patience() -> None:
-    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    page = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
+    readme = " ".join(page.read_text().split())
     assert f"after {PATIENCE} iterations in a row that brought none" in readme
     assert f"for {', '.join(map(str, QUIET_MS[1:]))} ms" in readme
     assert f"pays those {PATIENCE + 1} iterations once every {QUIET_MS[-1]} ms)" in readme

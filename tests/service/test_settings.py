@@ -27,7 +27,27 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings()
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_settings_page_is_generated_from_settings() -> None:
+    from contract.readme import block
+    from service.settings import REFERENCE_BLOCK, reference
+
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert block(page, REFERENCE_BLOCK) == reference(), "run `make settings-doc`"
     for name in Settings.model_fields:
-        assert f"`{Settings.variable(name)}`" in readme, name
+        assert f"`{Settings.variable(name)}`" in page, name
+
+
+def test_the_readmes_settings_defaults_are_the_codes() -> None:
+    import re
+
+    from service.settings import reference
+
+    generated = dict(re.findall(r"^\| (`[A-Z_]+`) \| (`[^`]*`) \|", reference(), flags=re.M))
+    quoted = re.findall(r"^\| (`GELU_[A-Z_]+`) \| (`[^`]*`) \|", (ROOT / "README.md").read_text(),
+                        flags=re.M)  # fmt: skip
+    assert len(quoted) >= 5
+    for variable, default in quoted:
+        assert generated[variable] == default, variable

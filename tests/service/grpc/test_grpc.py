@@ -302,7 +302,7 @@ def test_a_long_string_a_client_sent_is_cut_from_the_message_to_fit_its_trailer(
 
 
 def test_readme_quotes_the_cut() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "endpoints.md").read_text()
     assert f"longer than {MAX_DETAILS_CHARS} characters" in readme
 
 
@@ -521,10 +521,10 @@ def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
 
 
 def test_readme_grpc_examples_work_as_written(server: Server) -> None:
-    """Each ```py block of the README and each grpcurl line, against the real server."""
+    """Each ```py block of docs/endpoints.md and each grpcurl line, against the real server."""
     import re
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "endpoints.md").read_text()
     local = "localhost:8001"
     blocks = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
     assert len(blocks) == 3 and all(local in b for b in blocks)

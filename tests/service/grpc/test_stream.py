@@ -203,6 +203,7 @@ def test_the_window_holds_requests_up_to_its_count_and_bytes() -> None:
 
 
 def test_readme_quotes_the_window() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    readme = (docs / "endpoints.md").read_text() + (docs / "serving.md").read_text()
     assert f"answers it has written than {STREAM_WINDOW} requests" in readme
     assert f"no further ahead of its answers than {STREAM_WINDOW} requests" in readme
