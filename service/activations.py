@@ -45,7 +45,7 @@ ACCURATE, NATIVE = "accurate", "native"
 CPU_PROVIDER = "CPUExecutionProvider"
 KERNELS = (ACCURATE, NATIVE)
 # Elements per onnxruntime call for the accurate graphs: their float64 intermediates then stay
-# in cache (a 30-op float64 chain measured 13.8 ms per 1e6 values in one call, 7.6 in chunks).
+# in cache (docs/performance.md, "The batcher's constants, and other measured choices").
 CHUNK = 1 << 18
 
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

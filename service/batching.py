@@ -52,25 +52,13 @@ from service.statistics import ModelStatistics
 
 Outputs = dict[str, np.ndarray]
 # Inline, with no queue delay, a batch gathers until this many loop iterations in a row have
-# brought no request. HTTP requests of the connections in flight are parsed in consecutive
-# iterations; grpcio's asyncio server takes one call at a time, and each reaches its handler a
-# few iterations after the one before. Measured with the server on one core and the client on
-# the other: at c=16, gRPC's mean batch was 1.0 when a batch stopped at the first quiet
-# iteration (as HTTP's did), 10 with 4 and 14 with 8, 2.4x the requests/s; HTTP's requests/s
-# at c=1, 4 and 64 moved within the spread of two runs. Giving up the core in each quiet
-# iteration (sched_yield, for grpcio's threads) made gRPC's batches form from the first calls,
-# but with a busy process on the same core every yield gave it a whole time slice: HTTP at c=16
-# fell to a fifth, gRPC to a tenth.
+# brought no request: grpcio hands calls over a few iterations apart, where HTTP's requests of
+# one burst come in consecutive ones (docs/performance.md, "The batcher's constants").
 PATIENCE = 8
-# After a look for company finds none (a batch of one request), the n-th such look in a row,
-# requests run unbatched, without looking, for QUIET_MS[n - 1] milliseconds (the last entry
-# from then on); a batch with company ends it. A lone client (c=1) then waits PATIENCE + 1 loop
-# iterations (the first about 14 µs in process: a syscall, and caches colder after it) once
-# every 64 ms, and a load that grows is batched again within 64 ms. The first look that finds
-# none starts no quiet: under load a batch of one is often the last of a burst. The quiet is
-# timed, not counted in requests, so that a request that skips the look costs nothing to count:
-# the data plane reads one attribute (``Batcher.bypass``) where batching off reads one, and a
-# lone client's request costs the same either way (``bench.instructions``).
+# After the n-th look in a row for company that finds none (a batch of one request), requests
+# run unbatched, without looking, for QUIET_MS[n - 1] milliseconds (the last entry from then
+# on); a batch with company ends it. Timed rather than counted in requests, so a request that
+# skips the look costs nothing to count (``Batcher.bypass``: one attribute read).
 QUIET_MS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
@@ -295,18 +283,13 @@ class Batcher:
     async def _company(self) -> bool:
         """Whether requests are queued after this one, first of a batch, gives them their turn
         on the loop: the queue delay; with none, iterations for as long as requests keep coming,
-        until ``PATIENCE`` in a row bring none or the batch is full. Under load, the requests of
-        the connections in flight are parsed over a few iterations, not one: in ``make bench``
-        at c=64 on the small model, V1's and V2's mean batch was 18-23 with one iteration (the
-        run of 2026-11-26 09:15 UTC in docs/benchmarks.md's history) and 25-63 waiting while
-        each iteration brought more (those of 13:41 and 14:23); gRPC's calls come further apart
-        (``PATIENCE``). The loop serves I/O in every iteration waited, and the wait ends within
-        ``max_batch_size`` samples; a lone client, whom no iteration brings company, waits
-        ``PATIENCE`` + 1 of them.
+        until ``PATIENCE`` in a row bring none or the batch is full: under load, the requests of
+        the connections in flight are parsed over a few iterations, not one. The loop serves
+        I/O in every iteration waited, and the wait ends within ``max_batch_size`` samples; a
+        lone client, whom no iteration brings company, waits ``PATIENCE`` + 1 of them.
 
         Cancelled meanwhile, it runs what is queued before it leaves. A lone request that was
-        not queued then runs without a future or a queue entry, a bookkeeping of about 25 µs
-        in process."""
+        not queued then runs without a future or a queue entry."""
         self._gathering = True
         try:
             queued = self._queued

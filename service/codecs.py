@@ -102,10 +102,9 @@ def _holds_boolean(data: Any) -> bool:
 
 LITTLE_ENDIAN_HOST = sys.byteorder == "little"  # native arrays are then the wire's byte order
 FLOAT_MAX = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
-# Every |x| is within its type's maximum when the sum of squares is within half its square:
-# one BLAS call without a temporary (np.vdot), where the exact check takes two numpy calls and
-# an array; about 1 µs less per request for a 64-value row. The half is a margin far beyond
-# the sum's rounding; a sum above it, or NaN, leaves the decision to the exact check.
+# Every |x| is within its type's maximum when the sum of squares is within half its square: one
+# BLAS call without a temporary (np.vdot), cheaper than the exact check's two numpy calls. The
+# half is a margin far beyond the sum's rounding; above it, or NaN, the exact check decides.
 SQUARES_WITHIN = {dtype: maximum * maximum / 2 for dtype, maximum in FLOAT_MAX.items()}
 
 
