@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVATION_VALUES = 1_000_000
 # Five passes of 3-s points rather than three of 5 s, in the same time: a pass whose two points
-# of a target the probe read at two speeds is set aside (bench.run.HOST_MATCH), and a third or
+# of a target the probe read at two speeds is set aside (bench.judge.HOST_MATCH), and a third or
 # more of them can be, so more passes leave a target more of them to count.
 ROUNDS = 5
 SECONDS = 3.0

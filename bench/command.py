@@ -7,7 +7,9 @@ import argparse
 
 from bench import pool
 from bench.arguments import ROOT, add_arguments
-from bench.run import README, README_BLOCK, readme_block, run, targets, write_report
+from bench.judge import targets
+from bench.report import README, README_BLOCK, readme_block, write_report
+from bench.run import run
 from contract.readme import replace_block
 
 

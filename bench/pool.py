@@ -2,10 +2,10 @@
 
 On this shared machine a target within a few per cent of its goal is met in one run and missed
 in the next on the same code: a run keeps five passes, and often only two or three of them read
-the host at one speed (``bench.run.HOST_MATCH``). Each pass already compares its two points
+the host at one speed (``bench.judge.HOST_MATCH``). Each pass already compares its two points
 with each other, so the passes of several runs of the same code can be pooled: every point
 keeps the passes of every run, and each target is then the median of all their ratios, counted
-by the same rule as within one run (``bench.run.targets``). Nothing is measured here; the runs
+by the same rule as within one run (``bench.judge.targets``). Nothing is measured here; the runs
 are the ``benchmarks.json`` files of earlier runs (the committed one of a revision is
 ``git show REV:docs/benchmarks.json``). Pool runs of one serving code only: the report lists
 each run's date and revision, and pooling does not check that they agree.
@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.run import Results, load_results, targets, targets_table
+from bench.judge import targets, targets_table
+from bench.results import Results, load_results
 
 # A point's figures that are one per pass; pooled, they are concatenated in the runs' order.
 PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms", "rounds_server_pid")

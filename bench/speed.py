@@ -19,7 +19,7 @@ the HTTP floor's c=1 and c=64 every 4 s, the chunk took 0.87-0.94 ms beside c=1 
 0.57-0.72 ms beside c=64 (the core never idle) three times, though later runs read c=1 points at
 0.53-0.58 too. So readings compare points of one kind only, such as the two points of a
 target's ratio (batching on and off at one concurrency, two identical servers); that is how
-``bench.run`` uses them (``apart``). Two identical batching-off servers at c=1, driven in turn
+``bench.judge`` uses them (``apart``). Two identical batching-off servers at c=1, driven in turn
 ten times for 3 s each: the log of their requests/s ratio and the log of their readings' ratio
 correlated at r = 0.92; the turns read at one speed (within 15 %) were 1.00-1.07x apart in
 requests/s, the others 0.86-1.18x.

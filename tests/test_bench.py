@@ -108,7 +108,7 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="`make tools` installs valgrind")
 def test_instructions_are_counted_per_request_in_each_state(model_repository: Path) -> None:
     from bench import instructions
-    from bench.run import sample_inputs
+    from bench.measure import sample_inputs
 
     counted = instructions.count(model_repository, sample_inputs(64), calls=100)
     assert counted is not None and list(counted) == list(instructions.STATES)
@@ -129,7 +129,8 @@ def test_a_callgrind_total_is_its_totals_line() -> None:
 
 
 def test_the_instruction_counts_are_a_row_of_their_own() -> None:
-    from bench.run import Results, targets
+    from bench.judge import targets
+    from bench.results import Results
 
     results = Results(
         environment={}, http=[{"scenario": "naive app", "concurrency": 1, "errors": 0}]
@@ -142,7 +143,8 @@ def test_the_instruction_counts_are_a_row_of_their_own() -> None:
 
 def test_readme_targets_are_the_committed_run() -> None:
     """The README's targets block is what docs/benchmarks.json gives, byte for byte."""
-    from bench.run import README_BLOCK, load_results, readme_block
+    from bench.report import README_BLOCK, readme_block
+    from bench.results import load_results
 
     expected = readme_block(load_results(ROOT / "docs" / "benchmarks.json"))
     assert block((ROOT / "docs" / "performance.md").read_text(), README_BLOCK) == expected
@@ -162,7 +164,8 @@ def test_the_pooled_report_is_the_committed_runs(tmp_path: Path) -> None:
 def test_a_target_is_the_median_of_its_rounds_ratios() -> None:
     """Batching on against off, compared within each pass: on won two passes of three, so the
     target is met, though on's median point (120) is below off's (125)."""
-    from bench.run import Results, targets
+    from bench.judge import targets
+    from bench.results import Results
 
     def point(scenario: str, rounds: list[float]) -> dict:
         median = sorted(rounds)[1]
@@ -211,8 +214,9 @@ def test_runs_pool_their_passes_into_one_judgement(
     at 1.005x. A point one run lacks is left out, and a run written before the probe's
     readings were kept pools beside one with them."""
     from bench.command import main
+    from bench.judge import targets
     from bench.pool import pool
-    from bench.run import Results, targets
+    from bench.results import Results
 
     def point(scenario: str, rounds: list[float], host: list[float] | None = None) -> dict:
         row = {"scenario": scenario, "concurrency": 1, "rps": sorted(rounds)[1], "p99_ms": 1.0,
@@ -261,7 +265,8 @@ def test_runs_pool_their_passes_into_one_judgement(
 def test_the_tail_target_is_judged_by_round_as_the_ratios_are() -> None:
     """p99 against the floor's within each pass, the median of those met at 2x or below: the
     tail of one slow pass, which may be the median point's, does not decide it alone."""
-    from bench.run import Results, targets
+    from bench.judge import targets
+    from bench.results import Results
 
     def point(scenario: str, p99s: list[float]) -> dict:
         return {"scenario": scenario, "concurrency": 64, "rps": 100.0, "p99_ms": p99s[1],
@@ -373,7 +378,7 @@ def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
 def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
     """Every pass drives every scenario once, starting at a different one; batching on and off
     of one protocol one right after the other, in the other order every other pass."""
-    from bench.run import drive_order
+    from bench.measure import drive_order
 
     groups = [["floor"], ["naive"], ["v1 on", "v1 off"], ["v2 on", "v2 off"]]
     passes = [drive_order(groups, i, 3) for i in range(3)]
@@ -385,7 +390,7 @@ def test_a_pass_drives_batching_on_and_off_one_after_the_other() -> None:
 
 
 def test_each_server_of_a_pass_starts_in_each_position_in_turn() -> None:
-    from bench.run import start_order
+    from bench.launch import start_order
 
     orders = [start_order(3, i) for i in range(6)]
     assert orders[:3] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]] and orders[3:] == orders[:3]
@@ -400,10 +405,10 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
+    from bench.launch import free_port
     from bench.proc import cpu_seconds, process_tree
-    from bench.run import _free_port
 
-    port = _free_port()
+    port = free_port()
     parent = subprocess.Popen([sys.executable, "-m", "bench.floor", "--http", str(port), "2"],
                               cwd=ROOT)  # fmt: skip
 
@@ -458,7 +463,8 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
 def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
     """The 2-worker target divides by the 1-worker twin driven beside it; a run without twins
     (before they were measured) by the main 1-worker row."""
-    from bench.run import ONE_WORKER, ONE_WORKER_OFF, TWO_WORKERS, TWO_WORKERS_OFF, Results, targets
+    from bench.judge import targets
+    from bench.results import ONE_WORKER, ONE_WORKER_OFF, TWO_WORKERS, TWO_WORKERS_OFF, Results
 
     def point(scenario: str, rps: float) -> dict:
         return {"scenario": scenario, "concurrency": 64, "rps": rps, "errors": 0}
@@ -519,7 +525,8 @@ def test_the_probe_times_chunks_at_real_time_priority() -> None:
 
 def test_the_readme_states_the_limits_the_bench_sets() -> None:
     from bench.arguments import ROUNDS, SECONDS
-    from bench.run import HOST_MATCH, MAX_STEAL
+    from bench.judge import HOST_MATCH
+    from bench.measure import MAX_STEAL
     from bench.speed import PERIOD
 
     readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())

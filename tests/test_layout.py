@@ -100,3 +100,14 @@ def test_the_service_uses_no_private_server_modules_or_the_c_api() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_function_is_over_80_lines() -> None:
+    long = []
+    for path in (p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
+    assert not long, long

@@ -1,0 +1,374 @@
+"""Judging a run: each target of ``make bench`` as a ratio of two points, taken pass by pass
+and counted where the probe read the host at one speed for both (``HOST_MATCH``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from bench import instructions
+from bench.results import (
+    ECHO_AS_SERVED,
+    FLOOR_AS_SERVED,
+    FLOOR_AS_SERVED_ONE,
+    FLOOR_AS_SERVED_TWO,
+    OFF_AGAIN,
+    ONE_WORKER,
+    ONE_WORKER_OFF,
+    PEER_BENTOML,
+    PEER_MLSERVER,
+    PEERS,
+    TWO_WORKERS,
+    TWO_WORKERS_OFF,
+    Results,
+)
+from bench.speed import apart
+
+# Issue 10's targets, as ratios within one run.
+TARGET_FLOOR_RATIO = 0.85  # small model, c=64, one process: each protocol against the floor
+
+
+TARGET_TAIL_VS_FLOOR = 2.0  # its p99 against the floor's p99
+
+
+TARGET_NAIVE_RATIO = 2.5  # V1 against the naive app, c=64, one process and two
+
+
+TARGET_WORKERS_GAIN = 1.8  # two workers on two cores against one on one
+
+
+TARGET_BATCHING_GAIN = 4.0  # larger model, c=64: batching on against off
+
+
+TARGET_ACTIVATION_RATIO = 0.8  # 1e6 float32 binary against the 4 MB echo, c=1 and c=4
+
+
+TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process each
+
+
+HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
+
+
+def by_round(
+    a: dict[str, Any], b: dict[str, Any], measure: str = "rps"
+) -> list[tuple[float, float | None]]:
+    """a's ``measure`` (requests/s, or ``p99_ms``) over b's within each round, with how far
+    apart the host's speed was for the two (``bench.speed.apart``; None if unread): each pass
+    drives both a minute or two apart (batching on and off one right after the other), so a
+    slow spell of the shared machine that spans the two cancels out, and the probe tells the
+    spells that did not. A row without each round's ``measure`` (a report written before it
+    was kept) gives its median point's, unread."""
+    rounds = f"rounds_{measure}"
+    if rounds not in a or rounds not in b:
+        return [(a[measure] / b[measure], None)]
+    unread: list[dict[str, float]] = [{}] * len(a[rounds])
+    return [
+        (x / y, apart(p, q))
+        for x, y, p, q in zip(
+            a[rounds],
+            b[rounds],
+            a.get("rounds_host_ms", unread),
+            b.get("rounds_host_ms", unread),
+            strict=True,
+        )
+    ]
+
+
+Target = tuple[str, str, bool]  # what is judged, what was measured, whether it was met
+
+
+def targets(results: Results, large: str) -> list[Target]:
+    """(target, measured, met) for each of issue 10's targets that this run measured.
+
+    A ratio is the median of its rounds' ratios (``by_round``), counting the rounds in which
+    the probe read the host at one speed for both points (within ``HOST_MATCH``), or every
+    round if none did; shown beside each point's median and each round's ratio, a round not
+    counted in brackets with how far apart the host was.
+    """
+    judge = Judge(results)
+    judge.small_model()
+    judge.workers()
+    judge.peers_and_grpc()
+    judge.large_model(large)
+    judge.activations()
+    judge.errors()
+    return judge.rows
+
+
+class Judge:
+    """The targets of one run (or pool), judged section by section into ``rows``."""
+
+    def __init__(self, results: Results) -> None:
+        self.results = results
+        self.rows: list[Target] = []
+        self.top = max(r["concurrency"] for r in results.http)
+        self.concurrencies = sorted({r["concurrency"] for r in results.http})
+
+    def http(self, scenario: str, c: int | None = None) -> dict[str, Any]:
+        """The HTTP (or gRPC) point of ``scenario`` at ``c`` (default: the top concurrency)."""
+        return self.results.find(self.results.http, scenario, self.top if c is None else c)
+
+    def compare(
+        self,
+        name: str,
+        a: dict[str, Any],
+        b: dict[str, Any],
+        goal: float,
+        share: bool = False,
+        unit: Callable[[dict[str, Any]], float] | None = None,
+        units: str = "req/s",
+        spec: str = ".0f",
+        measure: str = "rps",
+        at_most: bool = False,
+    ) -> None:
+        """A row for a against b, when both were measured; a share is shown in per cent. The
+        ratio is of ``measure`` (``by_round``), and met at ``goal`` or above (``at_most``: at
+        ``goal`` or below); each point is shown as ``unit`` of its row (default: ``measure``)."""
+        if not (a and b):
+            return
+
+        def value(row: dict[str, Any]) -> float:
+            return unit(row) if unit is not None else float(row[measure])
+
+        rounds = [
+            (ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b, measure)
+        ]
+        alike = [ratio for ratio, _, counted in rounds if counted]
+        middle = statistics.median(alike or [ratio for ratio, _, _ in rounds])
+        form = "{:.0%}" if share else "{:.2f}x"
+        if form.format(middle) == form.format(goal):  # too close to call at that precision
+            form = "{:.1%}" if share else "{:.3f}x"
+        shown = [
+            form.format(ratio) if counted else f"({form.format(ratio)}: host {far:.2f}x apart)"
+            for ratio, far, counted in rounds
+        ]
+        unmatched = "" if alike else "; no round read the host at one speed, all counted"
+        measured = (
+            f"{form.format(middle)} ({value(a):{spec}} / {value(b):{spec}} {units}; "
+            f"by round {' / '.join(shown)}{unmatched})"
+        )
+        self.rows.append((name, measured, middle <= goal if at_most else middle >= goal))
+
+    def small_model(self) -> None:
+        """The small model against the floors, its tail, and batching on against off."""
+        floor, served = self.http("http floor"), self.http(FLOOR_AS_SERVED)
+        for kind in ("v1", "v2-json", "v2-binary"):
+            row = self.http(f"{kind} predict, batching on")
+            self.compare(
+                f"{kind} at c={self.top} >= {TARGET_FLOOR_RATIO:.0%} of the HTTP floor",
+                row,
+                floor,
+                TARGET_FLOOR_RATIO,
+                share=True,
+            )
+            self.compare(
+                f"{kind} at c={self.top} against the floor served as the service serves "
+                "(no target: the app's share alone)",
+                row,
+                served,
+                0.0,
+                share=True,
+            )
+            self.compare(
+                f"{kind} at c={self.top}: p99 <= {TARGET_TAIL_VS_FLOOR:g}x the floor's p99",
+                row,
+                floor,
+                TARGET_TAIL_VS_FLOOR,
+                units="ms",
+                spec=".1f",
+                measure="p99_ms",
+                at_most=True,
+            )
+            for c in self.concurrencies:
+                self.compare(
+                    f"{kind} at c={c}: batching on >= off",
+                    self.http(f"{kind} predict, batching on", c),
+                    self.http(f"{kind} predict, batching off", c),
+                    1.0,
+                )
+        low = self.concurrencies[0]
+        self.compare(
+            f"v1 at c={low}: batching off against a second batching-off server (no target: two "
+            "identical servers, driven as on and off are)",
+            self.http("v1 predict, batching off", low),
+            self.http(OFF_AGAIN, low),
+            0.0,
+        )
+        if counted := self.results.instructions:  # what the c=1 rows' timings are within noise of
+            on, off = (counted[state] for state in instructions.STATES)
+            self.rows.append(
+                (
+                    "in process, one request at a time: batching on's instructions per request "
+                    "against off's (no target: counted by callgrind, not timed)",
+                    f"{on / off:.3f}x ({on:,.0f} / {off:,.0f})",
+                    True,
+                )
+            )
+
+    def workers(self) -> None:
+        """The naive app, and two workers against one."""
+        v1, naive = self.http("v1 predict, batching on"), self.http("naive app")
+        self.compare(
+            f"v1 at c={self.top} >= {TARGET_NAIVE_RATIO:g}x the naive app",
+            v1,
+            naive,
+            TARGET_NAIVE_RATIO,
+        )
+        # Against the 1-worker twins driven beside the 2-worker rows; runs before they were
+        # measured have only the main rows, a quarter of an hour earlier.
+        two = self.http(TWO_WORKERS)
+        self.compare(
+            f"v1 at c={self.top}: 2 workers >= {TARGET_WORKERS_GAIN:g}x 1 worker",
+            two,
+            self.http(ONE_WORKER) or v1,
+            TARGET_WORKERS_GAIN,
+        )
+        self.compare(
+            f"v1 at c={self.top} with batching off: 2 workers against 1 (no target: one worker "
+            "batches all the connections, each of two half of them)",
+            self.http(TWO_WORKERS_OFF),
+            self.http(ONE_WORKER_OFF),
+            0.0,
+        )
+        self.compare(
+            f"v1 at c={self.top}, 2 workers each: >= {TARGET_NAIVE_RATIO:g}x the naive app",
+            two,
+            self.http("naive app, uvicorn --workers 2"),
+            TARGET_NAIVE_RATIO,
+        )
+        self.compare(
+            f"the HTTP floor at c={self.top}: 2 workers against 1 (no target: what this machine "
+            "gives the stack)",
+            self.http("http floor, uvicorn --workers 2"),
+            self.http("http floor, uvicorn --workers 1") or self.http("http floor"),
+            0.0,
+        )
+        self.compare(
+            f"the HTTP floor served as the service serves at c={self.top}: 2 workers against 1 (no "
+            "target: what this machine gives the service's server, each worker on its own "
+            "socket)",
+            self.http(FLOOR_AS_SERVED_TWO),
+            self.http(FLOOR_AS_SERVED_ONE),
+            0.0,
+        )
+
+    def peers_and_grpc(self) -> None:
+        """MLServer and BentoML, and gRPC against its floor and HTTP."""
+        v1 = self.http("v1 predict, batching on")
+        self.compare(
+            f"v2-json at c={self.top} >= {TARGET_PEER_RATIO:g}x {PEER_MLSERVER}",
+            self.http("v2-json predict, batching on"),
+            self.http(f"{PEER_MLSERVER} v2-json"),
+            TARGET_PEER_RATIO,
+        )
+        self.compare(
+            f"v1 at c={self.top} against {PEER_BENTOML} (no target)",
+            v1,
+            self.http(PEER_BENTOML),
+            0.0,
+        )
+        grpc = self.http("grpc predict, batching on")
+        self.compare(
+            f"grpc at c={self.top} against the gRPC floor (no target)",
+            grpc,
+            self.http("grpc floor"),
+            0.0,
+        )
+        self.compare(
+            f"grpc at c={self.top} against v2-binary over HTTP (no target)",
+            grpc,
+            self.http("v2-binary predict, batching on"),
+            0.0,
+        )
+        self.compare(
+            f"grpc-stream at c={self.top} against grpc (no target: {self.top} requests in flight "
+            f"on one ModelStreamInfer call, against {self.top} ModelInfer calls)",
+            self.http("grpc-stream predict, batching on"),
+            grpc,
+            0.0,
+        )
+
+    def large_model(self, large: str) -> None:
+        """The larger model: batching on against off."""
+        self.compare(
+            f"{large} at c={self.top}: batching on >= {TARGET_BATCHING_GAIN:g}x off",
+            self.http(f"{large} v2-binary, batching on"),
+            self.http(f"{large} v2-binary, batching off"),
+            TARGET_BATCHING_GAIN,
+        )
+        for c in self.concurrencies[
+            :-1
+        ]:  # never slower than off, for any model (its batches on threads)
+            self.compare(
+                f"{large} at c={c}: batching on >= off",
+                self.http(f"{large} v2-binary, batching on", c),
+                self.http(f"{large} v2-binary, batching off", c),
+                1.0,
+            )
+
+    def activations(self) -> None:
+        """The activation kernels against the echo."""
+        for kernel, scenario in (
+            ("accurate", "gelu, float32 binary"),
+            ("native", "gelu native, float32 binary"),
+        ):
+            for c in (1, 4):
+                gelu = self.results.find(self.results.activations, scenario, c)
+                self.compare(
+                    f"activation ({kernel} kernel), 1e6 float32 binary at c={c} >= "
+                    f"{TARGET_ACTIVATION_RATIO:.0%} of the echo floor",
+                    gelu,
+                    self.results.find(self.results.activations, "echo floor", c),
+                    TARGET_ACTIVATION_RATIO,
+                    share=True,
+                    unit=megabytes,
+                    units="MB/s",
+                )
+                if kernel == "native":
+                    self.compare(
+                        f"activation (native kernel) at c={c} against the echo served as the "
+                        "service serves (no target: the route's share alone)",
+                        gelu,
+                        self.results.find(self.results.activations, ECHO_AS_SERVED, c),
+                        0.0,
+                        share=True,
+                        unit=megabytes,
+                        units="MB/s",
+                    )
+
+    def errors(self) -> None:
+        """No errors, but the peers' (shown)."""
+        ours: list[dict[str, Any]] = []
+        for row in self.results.http + self.results.activations:
+            if not row["scenario"].startswith(PEERS):
+                ours.append(row)
+            elif errors := row.get("rounds_errors", row["errors"]):  # a peer's, shown, no target
+                self.rows.append(
+                    (
+                        f"{row['scenario']} at c={row['concurrency']}: errors (no target)",
+                        f"{errors} errors",
+                        True,
+                    )
+                )
+        errors = sum(r.get("rounds_errors", r["errors"]) for r in ours)
+        self.rows.append(
+            (
+                "zero errors (every round of every point but the peers')",
+                f"{errors} errors",
+                errors == 0,
+            )
+        )
+
+
+def megabytes(row: dict[str, Any]) -> float:
+    """MB/s of request body (float32 input for the activation rows)."""
+    return float(row["rps"] * row["request_bytes"] / 1e6)
+
+
+def targets_table(results: Results) -> list[str]:
+    """The targets as a Markdown table: target, measured, met."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for target, measured, met in targets(results, results.environment["large_model"]):
+        lines.append(f"| {target} | {measured} | {'yes' if met else '**no**'} |")
+    return lines

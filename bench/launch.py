@@ -1,0 +1,200 @@
+"""Launching what ``make bench`` measures: the service, the floors, the naive app and the peers
+as real server processes, each pinned to its CPUs with every thread checked (``bench.proc``),
+started in a rotating order and stopped with the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.arguments import ROOT
+from bench.proc import cpu_list, pin_tree
+from bench.results import SMALL
+from bench.wrk import Request
+
+SERVICE_APP = "service.rest.app:create_app"
+
+
+# Every server process alive in this run; all but the one measured are paused at each point.
+LIVE: set[int] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server: where to reach it, its process, and the CPUs all its threads use."""
+
+    url: str
+    pid: int
+    cpus: set[int]
+    grpc: str | None = None  # host:port of its gRPC face, if it has one
+    batches: bool = False  # the service: its /metrics counts the samples and runs of batches
+
+
+Scenario = tuple[str, Server, Request]  # a point's name, the server driven and the request
+
+
+@contextmanager
+def serve(
+    command: list[str], env: dict[str, str], cpus: str, port: int, ready_path: str, settle: float
+) -> Iterator[Server]:
+    """``command`` on ``cpus`` with every thread pinned there, ready; SIGTERM on exit.
+
+    ``taskset`` pins the threads that exist at start; onnxruntime sets its thread pools'
+    affinity itself, and servers start worker processes, so every thread of the process tree is
+    pinned again once the server is ready (and checked before each point by ``measure``).
+    """
+    process = subprocess.Popen(
+        ["taskset", "-c", cpus, *command], cwd=ROOT, env={**os.environ, **env}
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited with {process.returncode}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", ready_path)
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{command[0]} not ready")
+            time.sleep(0.2)
+        time.sleep(settle)  # let every worker finish its start-up
+        pinned = cpu_list(cpus)
+        pin_tree(process.pid, pinned)
+        LIVE.add(process.pid)
+        yield Server(f"http://127.0.0.1:{port}", process.pid, pinned)
+    finally:
+        LIVE.discard(process.pid)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextmanager
+def server(
+    app: str, env: dict[str, str], workers: int, cpus: str, ready_path: str
+) -> Iterator[Server]:
+    """A uvicorn process serving ``app`` (see ``serve``); the service itself runs as it is
+    deployed, ``gelu-serve serve`` (uvicorn with the service's connection limits)."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(port),
+        "--workers", str(workers), "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    grpc_address = None
+    if app == SERVICE_APP:
+        command = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
+        command += ["--workers", str(workers)]
+        grpc_port = free_port()
+        env = {**env, "GELU_GRPC_PORT": str(grpc_port)}
+        grpc_address = f"127.0.0.1:{grpc_port}"
+    with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
+        yield dataclasses.replace(started, grpc=grpc_address, batches=app == SERVICE_APP)
+
+
+@contextmanager
+def floor_as_served(cpus: str, workers: int = 1) -> Iterator[Server]:
+    """``bench.floor``'s HTTP floor with the service's own uvicorn protocol and options (and,
+    with several workers, its own ``SO_REUSEPORT`` socket each, as the service's)."""
+    port = free_port()
+    command = [sys.executable, "-m", "bench.floor", "--http", str(port), str(workers)]
+    with serve(command, {}, cpus, port, "/docs", settle=0.5 * workers) as started:
+        yield started
+
+
+@contextmanager
+def grpc_floor(cpus: str) -> Iterator[Server]:
+    """``bench.floor``'s gRPC floor on ``cpus``, answering (every thread pinned there)."""
+    import grpc
+
+    port = free_port()
+    command = ["taskset", "-c", cpus, sys.executable, "-m", "bench.floor", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT)
+    address = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        pinned = cpu_list(cpus)
+        pin_tree(process.pid, pinned)
+        LIVE.add(process.pid)
+        yield Server("", process.pid, pinned, address)
+    finally:
+        LIVE.discard(process.pid)
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@contextmanager
+def peers(model_file: Path, max_batch_size: int, cpus: str) -> Iterator[dict[str, Server]]:
+    """MLServer and BentoML serving ``model_file`` on ``cpus``, by name."""
+    from bench.peers.environments import bentoml_command, mlserver_command
+
+    ml_port, bento_port = free_port(), free_port()
+    side_ports = (free_port(), free_port())
+    bento, bento_env = bentoml_command(model_file, bento_port, max_batch_size)
+    with (
+        mlserver_command(SMALL, model_file, ml_port, max_batch_size, side_ports) as (ml, ml_env),
+        serve(ml, ml_env, cpus, ml_port, "/v2/health/ready", settle=1.0) as mlserver,
+        serve(bento, bento_env, cpus, bento_port, "/readyz", settle=1.0) as bentoml,
+    ):
+        yield {"mlserver": mlserver, "bentoml": bentoml}
+
+
+def ensure_models(repository: Path, large: bool) -> str:
+    """Build the defaults (and the large model when its data is here); returns the large one."""
+    from export.defaults import BENCH_MODEL, DEFAULT_MODELS, DefaultModel, build
+    from models.data import FASHION_MNIST_DIR
+
+    models: tuple[DefaultModel, ...] = DEFAULT_MODELS
+    if large and not FASHION_MNIST_DIR.is_dir():
+        print(
+            f"{FASHION_MNIST_DIR} missing: the autoencoder stands in for the larger model "
+            "(install Debian's dataset-fashion-mnist for the real one)"
+        )
+    elif large:
+        models = (*DEFAULT_MODELS, BENCH_MODEL)
+    build(repository, ROOT / "checkpoints", models)
+    return BENCH_MODEL.name if BENCH_MODEL in models else "digits-autoencoder"
+
+
+def start_order(count: int, round_index: int) -> list[int]:
+    """Which of ``count`` servers pass ``round_index`` starts first, second, ...: each pass
+    one later in a cycle, so that over the passes each server starts in each position alike.
+    The two runs that started the service's servers afresh for each pass, always batching on,
+    then off, then off again, read them slowest to fastest in that order at c=1 in both: on
+    0.94x and 0.93x off, and off 0.94x the second batching-off server in both (V1, medians of
+    five passes each, 2026-11-26). If the position a server starts in matters, no scenario
+    always has the same one."""
+    return [(round_index + i) % count for i in range(count)]
+
+
+def started_in_turn(
+    arguments: list[tuple[str, dict[str, str], int, str, str]], round_index: int, stack: ExitStack
+) -> list[Server]:
+    """A server for each ``server`` arguments, started in pass ``round_index``'s order
+    (``start_order``) and stopped with ``stack``; returned in the order given."""
+    servers: dict[int, Server] = {}
+    for i in start_order(len(arguments), round_index):
+        servers[i] = stack.enter_context(server(*arguments[i]))
+    return [servers[i] for i in range(len(arguments))]

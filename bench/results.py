@@ -1,0 +1,101 @@
+"""What one run of ``make bench`` records: its points (rows) named by scenario, as written to
+benchmarks.json, and the helpers that read a point."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SMALL = "digits-mlp"
+
+
+PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"
+
+
+PEERS = (PEER_MLSERVER, PEER_BENTOML)
+
+
+FLOOR_AS_SERVED = "http floor, served as the service serves"
+
+
+FLOOR_AS_SERVED_TWO = f"{FLOOR_AS_SERVED}, --workers 2"
+
+
+FLOOR_AS_SERVED_ONE = f"{FLOOR_AS_SERVED}, --workers 1"  # the 2-worker rows' twin
+
+
+TWO_WORKERS = "v1 predict, gelu-serve serve --workers 2"
+
+
+ONE_WORKER = "v1 predict, gelu-serve serve --workers 1"  # the 2-worker rows' twin
+
+
+TWO_WORKERS_OFF = "v1 predict, batching off, gelu-serve serve --workers 2"
+
+
+ONE_WORKER_OFF = "v1 predict, batching off, gelu-serve serve --workers 1"
+
+
+ECHO_AS_SERVED = "echo floor, served as the service serves"
+
+
+# A second server as batching off's, driven right after it: how far apart two identical servers
+# measure, beside the ratio of batching on and off, which at c=1 run the same path.
+OFF_AGAIN = "v1 predict, batching off, a second server"
+
+
+@dataclass
+class Results:
+    """Everything one run measured, as written to benchmarks.json."""
+
+    environment: dict[str, Any]
+    http: list[dict[str, Any]] = field(default_factory=list)
+    compute: dict[str, Any] = field(default_factory=dict)
+    activations: list[dict[str, Any]] = field(default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, float] = field(default_factory=dict)  # ms per activation call, in process
+    instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
+
+    def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
+        """The row of ``scenario`` at ``concurrency``; empty when it was not measured."""
+        return next(
+            (r for r in rows if r["scenario"] == scenario and r["concurrency"] == concurrency), {}
+        )
+
+    def rps(self, scenario: str, concurrency: int) -> float:
+        return float(self.find(self.http, scenario, concurrency).get("rps", float("nan")))
+
+
+def load_results(path: Path) -> Results:
+    """A run's results back from its benchmarks.json."""
+    return Results(**json.loads(path.read_text()))
+
+
+def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario and concurrency: the round of median requests/s (the lower
+    middle one for an even count), with every round's requests/s in ``rounds_rps`` and p99 in
+    ``rounds_p99_ms``, and the errors of all rounds together in ``rounds_errors``."""
+    taken: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        taken.setdefault((row["scenario"], row["concurrency"]), []).append(row)
+    kept = []
+    for measured in taken.values():
+        ordered = sorted(measured, key=lambda r: r["rps"])
+        median = ordered[(len(ordered) - 1) // 2]
+        kept.append({
+            **median,
+            "rounds_rps": [r["rps"] for r in measured],
+            "rounds_p99_ms": [r["p99_ms"] for r in measured],
+            "rounds_errors": sum(r["errors"] for r in measured),
+            "rounds_host_ms": [r.get("host_ms", {}) for r in measured],
+            "rounds_server_pid": [r["server_pid"] for r in measured],
+        })  # fmt: skip
+    return kept
+
+
+def probe_text(row: dict[str, Any]) -> str:
+    """A point's probe readings (``bench.speed``), CPU by CPU: ``0.57`` or ``0.57 / 0.93``."""
+    readings = row.get("host_ms", {})
+    return " / ".join(f"{readings[cpu]:.2f}" for cpu in sorted(readings))
