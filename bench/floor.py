@@ -1,6 +1,7 @@
 """The HTTP floors: the same server stack (uvicorn + FastAPI) reading the body and answering
 constant JSON, or echoing the body back, with no model, codec or metrics: ``/floor`` for small
-inference requests, ``/echo`` for the activation endpoint's large binary bodies.
+inference requests, ``/echo`` for the activation endpoint's large binary bodies; and the same
+constant from a pure ASGI app, no framework (``asgi_floor``): what uvicorn alone costs.
 
 ``make bench`` serves them with stock uvicorn, and also as the service serves (``--http``: its
 own protocol, which writes a response's head with its body and hands a request body on with
@@ -9,9 +10,14 @@ floors, so the second says how much of that is the server rather than the app.""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
 from fastapi import FastAPI, Request, Response
 
 BODY = b'{"predictions":[{"label":"0","class_index":0}]}'
+Message = MutableMapping[str, Any]
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
 
 
 def create_app() -> FastAPI:
@@ -28,6 +34,33 @@ def create_app() -> FastAPI:
         return Response(await request.body(), media_type="application/octet-stream")
 
     return app
+
+
+async def asgi_floor(
+    scope: Message,
+    receive: Callable[[], Awaitable[Message]],
+    send: Callable[[Message], Awaitable[None]],
+) -> None:
+    """``uvicorn bench.floor:asgi_floor``: the same constant answer with no framework, the
+    request's body read whole first (the server's own cost, without FastAPI's routing)."""
+    if scope["type"] != "http":  # the lifespan: nothing to start
+        message = await receive()
+        while message["type"] != "lifespan.shutdown":
+            await send({"type": message["type"] + ".complete"})
+            message = await receive()
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": BODY})
+
+
+def create_asgi_app() -> Callable[..., Awaitable[None]]:
+    """``uvicorn --factory bench.floor:create_asgi_app``: ``asgi_floor``."""
+    return asgi_floor
 
 
 # The gRPC floor: grpcio's asyncio server answering every call with constant bytes, no model.

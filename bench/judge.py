@@ -9,6 +9,7 @@ from typing import Any
 
 from bench import instructions
 from bench.results import (
+    ASGI_FLOOR,
     ECHO_AS_SERVED,
     FLOOR_AS_SERVED,
     FLOOR_AS_SERVED_ONE,
@@ -160,6 +161,14 @@ class Judge:
                 row,
                 floor,
                 TARGET_FLOOR_RATIO,
+                share=True,
+            )
+            self.compare(
+                f"{kind} at c={self.top} against the pure ASGI floor (no target: what is left "
+                "above uvicorn's own cost)",
+                row,
+                self.http(ASGI_FLOOR),
+                0.0,
                 share=True,
             )
             self.compare(

@@ -11,7 +11,7 @@ from bench import instructions
 from bench.arguments import ACTIVATION_VALUES, ROOT
 from bench.judge import HOST_MATCH, megabytes, targets_table
 from bench.measure import ATTEMPTS, MAX_STEAL
-from bench.results import Results, probe_text
+from bench.results import ASGI_FLOOR, HTTP_FLOOR, Results, probe_text
 
 README = ROOT / "docs" / "performance.md"  # holds the targets block
 
@@ -123,23 +123,35 @@ def inference_table(results: Results) -> list[str]:
         "`mean batch`: the samples per onnxruntime run of the service's model over the point "
         "(from its `gelu_batch_size` metric), in the round reported; blank for other servers. "
         "`preempted`: the times per request the scheduler took a core from one of the server's "
-        "threads while it had work (involuntary context switches, from /proc).",
+        "threads while it had work (involuntary context switches, from /proc). `of floors`: "
+        "the point's req/s as a share of the FastAPI floor's and of the pure ASGI floor's at "
+        "the same concurrency (the median points'; the targets compare pass by pass).",
         "",
-        "| scenario | concurrency | req/s | p50 ms | p99 ms | errors | server cores | "
-        "CPU µs per request | mean batch | preempted | steal | probe ms | attempts | "
-        "rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | concurrency | req/s | of floors (FastAPI / ASGI) | p50 ms | p99 ms | "
+        "errors | server cores | CPU µs per request | mean batch | preempted | steal | probe ms "
+        "| attempts | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
         mean_batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else ""
         lines.append(
-            f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
+            f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | "
+            f"{of_floors(results, r)} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
             f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
             f"{r['preempted_per_request']:.3f} | {r['steal_cores']:.2f} | "
             f"{probe_text(r)} | {r['attempts']} | {rounds(r)} |"
         )
     return lines
+
+
+def of_floors(results: Results, row: dict[str, Any]) -> str:
+    """``row``'s req/s as a share of each HTTP floor's at its concurrency ("-": not measured)."""
+    shares = []
+    for floor in (HTTP_FLOOR, ASGI_FLOOR):
+        rps = results.find(results.http, floor, row["concurrency"]).get("rps")
+        shares.append(f"{row['rps'] / rps:.0%}" if rps else "-")
+    return " / ".join(shares)
 
 
 def activation_table(results: Results) -> list[str]:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 SMALL = "digits-mlp"
+HTTP_FLOOR = "http floor"  # FastAPI answering a constant
+ASGI_FLOOR = "asgi floor"  # a pure ASGI app answering the same, no framework
 
 
 PEER_MLSERVER, PEER_BENTOML = "MLServer 1.7.1", "BentoML 1.4"

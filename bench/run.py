@@ -52,10 +52,12 @@ from bench.measure import (
 )
 from bench.proc import cpu_list
 from bench.results import (
+    ASGI_FLOOR,
     ECHO_AS_SERVED,
     FLOOR_AS_SERVED,
     FLOOR_AS_SERVED_ONE,
     FLOOR_AS_SERVED_TWO,
+    HTTP_FLOOR,
     OFF_AGAIN,
     ONE_WORKER,
     ONE_WORKER_OFF,
@@ -187,12 +189,14 @@ class Run:
         with (
             compared as others,
             server("bench.floor:create_app", {}, 1, cpus, "/docs") as floor,
+            server("bench.floor:create_asgi_app", {}, 1, cpus, "/docs") as asgi,
             floor_as_served(cpus) as floor_served,
             server("bench.naive:create_app", self.naive_env, 1, cpus, "/ready") as naive,
             grpc_floor(cpus) as floor_grpc,
         ):
             alone = [
-                ("http floor", floor, self.floor_request),
+                (HTTP_FLOOR, floor, self.floor_request),
+                (ASGI_FLOOR, asgi, self.floor_request),
                 (FLOOR_AS_SERVED, floor_served, self.floor_request),
                 ("grpc floor", floor_grpc, small["grpc"]),
                 ("naive app", naive, small["v1"]),

@@ -535,3 +535,34 @@ def test_the_readme_states_the_limits_the_bench_sets() -> None:
     assert f"a point taken under more than {MAX_STEAL} cores of steal is measured again" in readme
     assert f"read within {HOST_MATCH:.2f}x of each other" in readme
     assert "(under 1 ms) every half second" in readme and PERIOD == 0.5
+
+
+def test_the_asgi_floor_answers_the_floors_constant() -> None:
+    import asyncio
+
+    import httpx
+
+    from bench.floor import BODY, create_asgi_app
+
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_asgi_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://floor") as client:
+            return await client.post("/floor", content=b'{"instances": [[0.5]]}')
+
+    response = asyncio.run(main())
+    assert response.status_code == 200 and response.content == BODY
+    assert response.headers["content-type"] == "application/json"
+
+
+def test_each_row_is_shown_against_both_floors() -> None:
+    from bench.report import of_floors
+    from bench.results import ASGI_FLOOR, HTTP_FLOOR, Results
+
+    results = Results(environment={}, http=[
+        {"scenario": HTTP_FLOOR, "concurrency": 64, "rps": 8000.0},
+        {"scenario": ASGI_FLOOR, "concurrency": 64, "rps": 40000.0},
+        {"scenario": "v1 predict, batching on", "concurrency": 64, "rps": 12000.0},
+        {"scenario": "v1 predict, batching on", "concurrency": 1, "rps": 900.0},
+    ])  # fmt: skip
+    assert of_floors(results, results.http[2]) == "150% / 30%"
+    assert of_floors(results, results.http[3]) == "- / -"  # no floor measured at c=1
