@@ -171,16 +171,15 @@ class DataPlane:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[DataPlane]:
-        """Started for the block, stopped after it; a refusal to start is logged as the one
-        line that names what is at fault (the traceback only at debug level)."""
+        """Started for the block, stopped after it. A refusal to start, the core's or that of
+        a face the block starts (a gRPC port in use), is logged as the one line that names
+        what is at fault (the traceback only at debug level)."""
         try:
             await self.start()
+            yield self
         except StartupError as exc:
             logger.error("cannot start: %s", exc, exc_info=logger.isEnabledFor(logging.DEBUG))
-            await self.stop()
             raise
-        try:
-            yield self
         finally:
             await self.stop()
 

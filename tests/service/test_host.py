@@ -99,3 +99,30 @@ def test_a_model_without_a_batch_axis_serves_on_both_faces(running: Running) -> 
 def test_the_faces_share_the_hosts_core(running: Running) -> None:
     assert running.host.app.state.dataplane is running.host.core
     assert running.host.grpc is not None and running.host.grpc.plane is running.host.core
+
+
+def test_a_grpc_port_in_use_refuses_to_start_in_one_line(
+    repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+    import logging
+
+    from service.errors import StartupError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        host = Host(Settings(model_repository=repository, grpc_port=port, warmup_runs=0))
+
+        async def start() -> None:
+            async with host.lifespan():
+                pass
+
+        with (
+            caplog.at_level(logging.ERROR, logger="gelu_serve"),
+            pytest.raises(StartupError, match="GELU_GRPC_PORT"),
+        ):
+            asyncio.run(start())
+    assert f"cannot start: gRPC: cannot bind 127.0.0.1:{port}" in caplog.text
+    assert host.core.repository is None  # the core, started first, was stopped
