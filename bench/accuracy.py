@@ -28,7 +28,8 @@ import numpy as np
 from contract.readme import replace_block
 from service.activations import ACCURATE, ACTIVATIONS, NATIVE, ActivationEvaluator, kernels
 
-mpmath.mp.dps = 50
+DIGITS = 50  # the reference's precision; the module's constants are made at it too
+mpmath.mp.dps = DIGITS
 TINY = float(np.finfo(np.float32).tiny)
 MAX = float(np.finfo(np.float32).max)
 Reference = Callable[[mpmath.mpf], mpmath.mpf]
@@ -113,17 +114,19 @@ BOUNDS: dict[tuple[str, bool], float] = {
 
 
 def exact(name: str, derivative: bool, x: np.ndarray) -> np.ndarray:
-    """The 50-digit reference at each float32 point, as float64 (NaN for NaN, limits at inf)."""
+    """The ``DIGITS``-digit reference at each float32 point, as float64 (NaN for NaN, limits
+    at inf), at that precision whatever another module set mpmath's to (bench.fits sets 40)."""
     function = REFERENCES[name][derivative]
     low, high = LIMITS[name][derivative]
     out = np.empty(x.shape, np.float64)
-    for i, value in enumerate(x.astype(np.float64)):
-        if np.isnan(value):
-            out[i] = np.nan
-        elif np.isinf(value):
-            out[i] = high if value > 0 else low
-        else:
-            out[i] = float(function(mpmath.mpf(value)))
+    with mpmath.workdps(DIGITS):
+        for i, value in enumerate(x.astype(np.float64)):
+            if np.isnan(value):
+                out[i] = np.nan
+            elif np.isinf(value):
+                out[i] = high if value > 0 else low
+            else:
+                out[i] = float(function(mpmath.mpf(value)))
     return out
 
 

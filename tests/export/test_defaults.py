@@ -54,7 +54,7 @@ def test_readme_table_matches_a_fresh_build(tmp_path: Path) -> None:
 # How far a fresh build's validation figure may sit from the README's. The seed fixes the data
 # and the initial weights, not every rounding: training holds torch's kernels to AVX2
 # (models/__init__.py), but MKL still picks its own by the CPU. The same build gave digits-mlp
-# and digits-mlp-tanh the README's 0.9638 and 0.9638 on the host that made the table, and 0.9721
+# and digits-mlp-tanh the table's 0.9638 and 0.9638 on the host that made the table, and 0.9721
 # and 0.9749 on an Intel Xeon host (2026-11-26), the autoencoder's MSE 0.0107 on both; one
 # validation image is 1/360 of the accuracy.
 TOLERANCE = {"accuracy": 0.015, "MSE": 0.001}

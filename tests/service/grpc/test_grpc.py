@@ -328,6 +328,9 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
         # Connections: two held, once the call's is let go; a third refused until they have
         # been idle long enough to be let go too.
         held = [_connected(server.address) for _ in range(2)]
+        # Waiting for the second can outlast the first's keep-alive: a call on each now holds
+        # both connections fresh (a channel whose connection was let go connects again).
+        assert all(_live(channel) is None for channel in held)
         assert _live(_channel(server.address)) == grpc.StatusCode.UNAVAILABLE
         assert get(server.http_port, "/v2/health/live")[0] == 200  # HTTP keeps its own
         channel = _connected(server.address)
