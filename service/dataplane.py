@@ -50,7 +50,7 @@ from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
 from service.repository.layout import model_names
 from service.runtime import Model, Runtime, dims_match
-from service.settings import Settings
+from service.settings import PROVIDER_NAMES, Settings
 
 logger = logging.getLogger("gelu_serve")
 T = TypeVar("T")
@@ -91,6 +91,15 @@ def top_classes(
     return classes if batched else classes.reshape(-1)
 
 
+def instance_group(info: ModelInfo) -> dict[str, Any]:
+    """Triton's ``instance_group`` for a version: on the GPU its session's CUDA provider runs
+    on, or on the CPU."""
+    cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
+    if cuda is None:
+        return {"kind": "KIND_CPU", "count": info.instance_count}
+    return {"kind": "KIND_GPU", "count": info.instance_count, "gpus": [int(cuda["device_id"])]}
+
+
 class DataPlane:
     """Models, activations and inference, independent of any wire protocol."""
 
@@ -123,7 +132,9 @@ class DataPlane:
                 "or point GELU_MODEL_REPOSITORY at one"
             )
         options = session_options(settings.intra_op_threads, settings.inter_op_threads)
-        sessions = SessionFactory(settings.ort_providers, options, settings.strict_providers)
+        sessions = SessionFactory(
+            settings.ort_providers, options, settings.strict_providers, settings.provider_options
+        )
         runtime = self.runtime or OnnxRuntime(sessions)
         repository = ModelRepository(settings, runtime, self.metrics)
         names = model_names(root)
@@ -249,6 +260,14 @@ class DataPlane:
         if info.dynamic_batching:
             batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
             config["dynamic_batching"] = batching
+        config["instance_group"] = [instance_group(info)]
+        cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
+        if cuda is not None:
+            # Triton's place for the CUDA provider's options (its onnxruntime backend's).
+            accelerator = {"name": "cuda", "parameters": cuda}
+            config["optimization"] = {
+                "execution_accelerators": {"gpu_execution_accelerator": [accelerator]}
+            }
         return config
 
     def server_metadata(self) -> dict[str, Any]:

@@ -86,6 +86,8 @@ class ModelInfo:
     metrics: dict[str, float]
     max_batch_size: int  # the largest batch one request may carry
     providers: list[str]
+    provider_options: dict[str, dict[str, str]]  # each provider's options in force
+    instance_count: int  # config.pbtxt's instance_group counts, summed
     memory_bytes: int  # what opening its session took of the process's memory, measured
     dynamic_batching: bool
     max_queue_delay_us: int | None

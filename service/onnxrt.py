@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.model_config import ONNX_TO_V2
+from service.cuda import provider_unloadable
 from service.errors import ModelLoadError
 from service.runtime import TensorSpec
 
@@ -43,8 +44,15 @@ class SessionFactory:
     model and graph), and refuse under ``strict``.
     """
 
-    def __init__(self, providers: list[str], options: ort.SessionOptions, strict: bool) -> None:
+    def __init__(
+        self,
+        providers: list[str],
+        options: ort.SessionOptions,
+        strict: bool,
+        provider_options: list[dict[str, str]] | None = None,
+    ) -> None:
         self.providers = providers
+        self.provider_options = provider_options or [{} for _ in providers]
         self.options = options
         self.strict = strict
         self._reported: set[str] = set()
@@ -57,7 +65,10 @@ class SessionFactory:
                 # onnxruntime warns of a missing provider; the message below says it better.
                 warnings.simplefilter("ignore", UserWarning)
                 session = ort.InferenceSession(
-                    source, sess_options=self.options, providers=self.providers
+                    source,
+                    sess_options=self.options,
+                    providers=self.providers,
+                    provider_options=self.provider_options,
                 )
         except Exception as exc:  # onnxruntime raises its own exception types
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -67,20 +78,26 @@ class SessionFactory:
         if missing and self.strict:
             raise ModelLoadError(
                 f"{label}: requested execution provider(s) {', '.join(missing)} unavailable "
-                f"(onnxruntime offers {', '.join(ort.get_available_providers())}); refusing to "
-                "start (GELU_STRICT_PROVIDERS=true)"
+                f"({self._why(missing)}); refusing to start (GELU_STRICT_PROVIDERS=true)"
             )
         for provider in missing:
             if provider not in self._reported:
                 self._reported.add(provider)
                 logger.warning(
-                    "requested execution provider %s unavailable (onnxruntime offers %s); "
-                    "running on %s",
+                    "requested execution provider %s unavailable (%s); running on %s",
                     provider,
-                    ", ".join(ort.get_available_providers()),
+                    self._why([provider]),
                     ", ".join(in_use),
                 )
         return session, in_use
+
+    @staticmethod
+    def _why(missing: list[str]) -> str:
+        """What onnxruntime offers, and the libraries a missing GPU provider lacks."""
+        capi = Path(ort.__file__).parent / "capi"
+        reasons = [r for r in (provider_unloadable(p, capi) for p in missing) if r]
+        offered = f"onnxruntime offers {', '.join(ort.get_available_providers())}"
+        return "; ".join([offered, *reasons])
 
 
 def resident_bytes() -> int:
@@ -112,6 +129,11 @@ class OrtSession:
         # onnxruntime's own bound method: a run through the interface costs no call more.
         self.run = session.run
         self.providers = providers
+        self.provider_options = {
+            provider: options
+            for provider, options in session.get_provider_options().items()
+            if provider in providers
+        }
         self.inputs = _specs(session.get_inputs())
         self.outputs = _specs(session.get_outputs())
         self.metadata_props = dict(session.get_modelmeta().custom_metadata_map)

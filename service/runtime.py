@@ -40,6 +40,10 @@ class Session(Protocol):
         """The execution providers it really runs on, in order of preference."""
 
     @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider's options in force, as the runtime reports them."""
+
+    @property
     def inputs(self) -> list[TensorSpec]:
         """Its inputs, as the file declares them."""
 

@@ -42,6 +42,36 @@ class Settings(BaseSettings):
         description="Refuse to start when onnxruntime falls back from a requested provider "
         "(for example CUDA that cannot load) instead of only logging it.",
     )
+    cuda_device_id: int = Field(
+        0, ge=0, description="CUDA provider: the GPU the sessions run on (onnxruntime's device_id)."
+    )
+    cuda_tf32: bool = Field(
+        False,
+        description="CUDA provider: let float32 matrix products round to TF32 on Ampere and "
+        "later GPUs (onnxruntime's use_tf32, on in onnxruntime by default). Off, CUDA answers "
+        "match the CPU's within 1e-5; on is faster and about 1e-2 off on logits.",
+    )
+    cuda_gpu_mem_limit: int = Field(
+        0,
+        ge=0,
+        description="CUDA provider: the bytes its memory arena may hold on the GPU "
+        "(onnxruntime's gpu_mem_limit); 0: no limit.",
+    )
+    cuda_arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
+        "kNextPowerOfTwo",
+        description="CUDA provider: how its memory arena grows (onnxruntime's "
+        "arena_extend_strategy).",
+    )
+    cuda_cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        "EXHAUSTIVE",
+        description="CUDA provider: how cuDNN convolution algorithms are chosen (onnxruntime's "
+        "cudnn_conv_algo_search).",
+    )
+    cuda_do_copy_in_default_stream: bool = Field(
+        True,
+        description="CUDA provider: copy tensors to and from the GPU on the default stream "
+        "(onnxruntime's do_copy_in_default_stream).",
+    )
     intra_op_threads: int = Field(
         1,
         ge=0,
@@ -274,6 +304,26 @@ class Settings(BaseSettings):
     def ort_providers(self) -> list[str]:
         """The onnxruntime provider names, in order of preference."""
         return [PROVIDER_NAMES[p] for p in self.providers]
+
+    @property
+    def cuda_options(self) -> dict[str, str]:
+        """The CUDA provider's options, as onnxruntime names and spells them."""
+        options = {
+            "device_id": str(self.cuda_device_id),
+            "use_tf32": str(int(self.cuda_tf32)),
+            "arena_extend_strategy": self.cuda_arena_extend_strategy,
+            "cudnn_conv_algo_search": self.cuda_cudnn_conv_algo_search,
+            "do_copy_in_default_stream": str(int(self.cuda_do_copy_in_default_stream)),
+        }
+        if self.cuda_gpu_mem_limit:
+            options["gpu_mem_limit"] = str(self.cuda_gpu_mem_limit)
+        return options
+
+    @property
+    def provider_options(self) -> list[dict[str, str]]:
+        """Each of ``ort_providers``' options: the CUDA provider's from the settings."""
+        cuda = PROVIDER_NAMES["cuda"]
+        return [self.cuda_options if p == cuda else {} for p in self.ort_providers]
 
 
 def _shown(value: object) -> str:

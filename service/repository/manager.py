@@ -389,6 +389,8 @@ class ModelRepository:
             metrics=meta.metrics,
             max_batch_size=self.max_batch(model),
             providers=model.providers,
+            provider_options=model.session.provider_options,
+            instance_count=config.instance_count,
             memory_bytes=model.session.memory_bytes,
             dynamic_batching=config.dynamic_batching,
             max_queue_delay_us=config.max_queue_delay_us,

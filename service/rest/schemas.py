@@ -49,6 +49,10 @@ class ModelSummary(BaseModel):
     )
     max_batch_size: int
     providers: list[str] = Field(description="execution providers the session really uses")
+    provider_options: dict[str, dict[str, str]] = Field(
+        description="each of those providers' options in force, as onnxruntime reports them "
+        "(the CUDA provider's from the GELU_CUDA_* settings)"
+    )
     memory_bytes: int = Field(
         description="resident memory the latest version's session took when it loaded, measured"
     )

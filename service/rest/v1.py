@@ -62,6 +62,7 @@ def summary(info: ModelInfo) -> dict[str, object]:
         "input_normalisation": info.input_normalisation,
         "max_batch_size": info.max_batch_size,
         "providers": info.providers,
+        "provider_options": info.provider_options,
         "memory_bytes": info.memory_bytes,
         "metrics": info.metrics,
     }

@@ -108,7 +108,8 @@ def test_encode_v2_puts_binary_outputs_after_the_json() -> None:
         name="m", version="1", versions=["1"], platform="onnxruntime_onnx", task="",
         arch="", activation="", label_names=(), inputs=[], outputs=[
             TensorInfo("y", "FP32", (2,)), TensorInfo("z", "FP32", (1,))
-        ], input_normalisation={}, metrics={}, max_batch_size=8, providers=[], memory_bytes=0,
+        ], input_normalisation={}, metrics={}, max_batch_size=8, providers=[],
+        provider_options={}, instance_count=1, memory_bytes=0,
         dynamic_batching=False, max_queue_delay_us=None,
     )  # fmt: skip
     y = np.array([[1.0, 2.0]], np.float32)

@@ -39,8 +39,10 @@ def test_strict_providers_refuse_to_start(settings_factory) -> None:
     if HAS_CUDA:
         pytest.skip("onnxruntime here has CUDA: nothing to refuse")
     app = create_app(settings_factory(providers=["cuda", "cpu"], strict_providers=True))
-    with pytest.raises(StartupError, match="refusing to start"), TestClient(app):
+    # The refusal names what is missing: here, the provider library itself (a CPU build).
+    with pytest.raises(StartupError, match="refusing to start") as refused, TestClient(app):
         pass
+    assert "no libonnxruntime_providers_cuda.so" in str(refused.value)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu and a GPU")
@@ -130,6 +132,7 @@ class _NumpySession:
 
         self.w = np.random.default_rng(1).standard_normal((features, classes)).astype(np.float32)
         self.providers = ["numpy"]
+        self.provider_options: dict[str, dict[str, str]] = {"numpy": {}}
         self.inputs = [TensorSpec("input", "FP32", (-1, features))]
         self.outputs = [
             TensorSpec("logits", "FP32", (-1, classes)),
