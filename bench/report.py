@@ -45,6 +45,7 @@ def write_report(results: Results, out: Path) -> None:
         *activation_table(results),
         *where_the_time_goes(results),
         *compute_floor_table(results),
+        *gpu_table(results),
         "",
         "![requests per second by scenario and concurrency](benchmarks.png)",
         "",
@@ -203,6 +204,31 @@ def compute_floor_table(results: Results) -> list[str]:
             f"{c[f'batch{batch}_samples_per_s']:.0f} | {c[f'batch{batch}_p50_us']:.1f} | "
             f"{c[f'batch{batch}_p99_us']:.1f} |"
         )
+    return lines
+
+
+def gpu_table(results: Results) -> list[str]:
+    """CPU against CUDA in process (``bench.gpu``): c=1 is batch 1, c=64 batches of 64."""
+    section = results.gpu
+    lines = ["", "## CPU against CUDA: onnxruntime in process (`bench.gpu`)", ""]
+    if not section or "skipped" in section:
+        return [*lines, f"Not measured: {section.get('skipped', 'not run')}."]
+    for model in section["models"]:
+        rows = model["rows"]
+        lines += [
+            f"### {model['model']}: CUDA passes the CPU from batch {model['crossover'] or 'never'}",
+            "",
+            "| variant | batch 1 µs | batch 64 rows/s | batch 1024 rows/s | max abs diff |",
+            "|---|---|---|---|---|",
+        ]
+        for name in dict.fromkeys(r["variant"] for r in rows):
+            at = {r["batch"]: r for r in rows if r["variant"] == name}
+            largest = at[max(at)]
+            lines.append(
+                f"| {name} | {at[1]['us']:.1f} | {at[64]['rows_per_s']:.0f} | "
+                f"{largest['rows_per_s']:.0f} | {largest.get('max_abs_diff', 0):.1e} |"
+            )
+        lines.append("")
     return lines
 
 

@@ -59,6 +59,7 @@ class Results:
     breakdown: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, float] = field(default_factory=dict)  # ms per activation call, in process
     instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
+    gpu: dict[str, Any] = field(default_factory=dict)  # bench.gpu: CPU against CUDA, or why not
 
     def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
         """The row of ``scenario`` at ``concurrency``; empty when it was not measured."""

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
-from bench import instructions
+from bench import gpu, instructions
 from bench.launch import (
     SERVICE_APP,
     Scenario,
@@ -304,4 +304,5 @@ class Run:
         results.kernels = activation_kernels(args.activation_values)
         if not args.smoke:  # minutes under valgrind, when it is installed
             results.instructions = instructions.count(repository, sample_inputs(64)) or {}
+        results.gpu = gpu.measure(repository, [SMALL, self.large], args.seconds / 10)
         results.environment["large_model"] = self.large
