@@ -45,6 +45,7 @@ from service.inference import (
     RequestInput,
     RequestOutput,
 )
+from service.logs import LOGS
 from service.metrics import Metrics
 from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
@@ -61,6 +62,7 @@ SERVER_NAME = "gelu-serve"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
+    "logging",
     "model_configuration",
     "model_repository",
     "statistics",
@@ -117,6 +119,7 @@ class DataPlane:
         self._activation_threads: anyio.CapacityLimiter | None = None
         self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
         self.control = ModelControl(settings, self._repository)  # the repository extension
+        self.logs = LOGS  # the logging extension: the process's, configured as the app starts
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -245,6 +245,17 @@ class Settings(BaseSettings):
     warmup_runs: int = Field(
         2, ge=0, description="Inference runs per model at start-up, before readiness turns true."
     )
+    log_format: Literal["default", "ISO8601", "json"] = Field(
+        "default",
+        description="Log lines as text (default), text with ISO 8601 UTC times (ISO8601, as "
+        "Triton's), or one JSON object per line (json: time, level, message, request id, "
+        "model, version, status, duration). Changeable at run time: POST /v2/logging.",
+    )
+    access_log: bool = Field(
+        False,
+        description="One log line per request on both faces (method, path, status, duration, "
+        "model, version, request id); off by default, as each line costs the request path.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info",
         description="Log level of the service and uvicorn; at debug, a start-up refusal also "

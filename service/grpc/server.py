@@ -35,6 +35,14 @@ from service.errors import (
 from service.grpc import codec
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
+from service.logs import (
+    REQUEST_ID_HEADER,
+    access,
+    checked_request_id,
+    new_request_id,
+    request_id,
+    wants_access,
+)
 
 logger = logging.getLogger("gelu_serve")
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -95,6 +103,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.access_log = plane.settings.access_log
 
     async def _call(
         self,
@@ -103,7 +112,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         handler: Awaitable[Reply],
         model: str = "",
     ) -> Reply:
-        """Await ``handler`` (``_answer``); a failure ends the call with its status code."""
+        """Await ``handler`` (``_answer``) under the call's request id (its ``x-request-id``
+        metadata, else a fresh one, returned in the trailing metadata); a failure ends the
+        call with its status code."""
+        given = None
+        for key, value in context.invocation_metadata() or ():
+            if key == REQUEST_ID_HEADER:
+                given = value
+        try:
+            request_id.set(checked_request_id(given))
+        except ServiceError as exc:
+            handler.close()  # type: ignore[attr-defined]  # a coroutine never awaited
+            request_id.set(new_request_id())
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
         answer = await self._answer(method, handler, model)
         if isinstance(answer, Failure):
             await _abort(context, answer.code, answer.message)
@@ -135,6 +158,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             version = version if label else ""
             seconds = time.perf_counter() - began
             self.plane.metrics.observe_request(f"grpc:{method}", label, version, status, seconds)
+            if wants_access(self.access_log):
+                access("grpc", method, f"/inference.GRPCInferenceService/{method}", status,
+                       seconds, self.access_log, model=label or None,
+                       version=version or None)  # fmt: skip
 
     # The protocol's methods (grpcio's names); each is the core call below it, through _call.
 
@@ -165,6 +192,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         statistics = self._statistics(request)
         return await self._call("ModelStatistics", context, statistics, request.name)
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        return await self._call("LogSettings", context, self._log_settings(request, context))
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         return await self._call("RepositoryIndex", context, self._index(request, context))
@@ -284,6 +314,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _statistics(self, request: Any) -> pb.ModelStatisticsResponse:
         stats = self.plane.statistics(request.name or None, request.version or None)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    async def _log_settings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        self._authorize(context)
+        changes = {
+            name: getattr(value, value.WhichOneof("parameter_choice"))
+            for name, value in request.settings.items()
+            if value.WhichOneof("parameter_choice")
+        }
+        now = self.plane.logs.update(changes) if changes else self.plane.logs.settings()
+        reply = pb.LogSettingsResponse()
+        for name, value in now.items():
+            kind = "bool_param" if isinstance(value, bool) else (
+                "uint32_param" if isinstance(value, int) else "string_param")  # fmt: skip
+            setattr(reply.settings[name], kind, value)
+        return reply
 
     async def _index(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         self._authorize(context)

@@ -73,9 +73,8 @@ def create_app(
     environment). Its lifespan is ``lifespan`` when the host gives one (``service.host``, which
     starts the core and the other faces), else the core's own start and stop."""
     settings = core.settings if core is not None else settings or load_settings()
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logger.setLevel(settings.log_level.upper())
     plane = core if core is not None else DataPlane(settings)
+    plane.logs.configure(settings.log_level, settings.log_format).install()
 
     @asynccontextmanager
     async def core_alone(app: FastAPI) -> AsyncIterator[None]:
@@ -120,7 +119,12 @@ def create_app(
         max_bytes=settings.max_body_bytes,
         max_json_bytes=settings.max_json_bytes,
     )
-    app.add_middleware(MetricsMiddleware, metrics=plane.metrics, known=plane.knows_model)
+    app.add_middleware(
+        MetricsMiddleware,
+        metrics=plane.metrics,
+        known=plane.knows_model,
+        access_log=settings.access_log,
+    )
     # The routers are included without a prefix: their routes' paths are the app's.
     direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]
     app.direct_routes = DirectRoutes(direct, plane)

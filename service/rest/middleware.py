@@ -25,6 +25,14 @@ from service.errors import (
     StartupError,
     UnsupportedMediaError,
 )
+from service.logs import (
+    REQUEST_ID_HEADER,
+    access,
+    checked_request_id,
+    new_request_id,
+    request_id,
+    wants_access,
+)
 from service.metrics import Metrics
 
 logger = logging.getLogger("gelu_serve")
@@ -33,6 +41,9 @@ logger = logging.getLogger("gelu_serve")
 CLIENT_GONE = "gelu.client_gone"
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
+# Whether the client sent an X-Request-ID (a V2 request's own id is adopted when it did not).
+REQUEST_ID_GIVEN = "gelu.request_id_given"
+_REQUEST_ID_KEY = REQUEST_ID_HEADER.encode()
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -271,10 +282,17 @@ def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
 class MetricsMiddleware:
     """Counts, times and tracks in-flight requests by route template and model (pure ASGI)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, known: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        known: Callable[[str], bool],
+        access_log: bool = False,
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.known = known  # only a model the repository holds becomes a label value
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -287,10 +305,16 @@ class MetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message["headers"] = [*message.get("headers", ()), request_id_header()]
             await send(message)
 
         self.metrics.request_started()
         try:
+            try:
+                start_request_id(scope)
+            except BadInputError as exc:
+                await send_error(send_status, exc)
+                return
             await self.app(scope, receive, send_status)
         except asyncio.CancelledError:
             if scope.get(CLIENT_GONE) and status == 500:
@@ -298,11 +322,37 @@ class MetricsMiddleware:
             raise
         finally:
             self.metrics.request_finished()
-            record_request(self.metrics, self.known, scope, status, start)
+            record_request(self.metrics, self.known, scope, status, start, self.access_log)
+
+
+def start_request_id(scope: Scope) -> None:
+    """Set the request's id, for its log lines and its answer: its X-Request-ID header, else
+    a fresh one; ``BadInputError`` (with a fresh one set) for a header that is unsafe."""
+    given = None
+    for key, value in scope["headers"]:
+        if key == _REQUEST_ID_KEY:
+            given = value.decode("latin-1")
+            break
+    scope[REQUEST_ID_GIVEN] = given is not None
+    try:
+        request_id.set(checked_request_id(given))
+    except BadInputError:
+        request_id.set(new_request_id())
+        raise
+
+
+def request_id_header() -> tuple[bytes, bytes]:
+    """The answer's X-Request-ID header: the id of the request being served."""
+    return _REQUEST_ID_KEY, (request_id.get() or new_request_id()).encode()
 
 
 def record_request(
-    metrics: Metrics, known: Callable[[str], bool], scope: Scope, status: int, start: float
+    metrics: Metrics,
+    known: Callable[[str], bool],
+    scope: Scope,
+    status: int,
+    start: float,
+    access_log: bool = False,
 ) -> None:
     """Count and time one answered request (``start``: its ``time.perf_counter()``) by its
     route template, model and served version; only a name ``known`` to the repository becomes
@@ -313,4 +363,8 @@ def record_request(
     model = name if name and known(name) else ""
     # The version that served it, as the endpoint recorded (a repository's version).
     version = scope.get(SERVED_VERSION, "") if model else ""
-    metrics.observe_request(endpoint, model, version, status, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    metrics.observe_request(endpoint, model, version, status, seconds)
+    if wants_access(access_log):
+        access("http", scope["method"], scope["path"], status, seconds, access_log,
+               model=model or None, version=version or None)  # fmt: skip

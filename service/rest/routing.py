@@ -37,6 +37,8 @@ from service.rest.middleware import (
     Send,
     handle_error,
     record_request,
+    request_id_header,
+    start_request_id,
 )
 
 Endpoint = Callable[..., Awaitable[Response]]
@@ -115,6 +117,7 @@ class DirectRoutes:
         settings = plane.settings
         self._limits = BodyLimits(settings.max_body_bytes, settings.max_json_bytes)
         self._metrics, self._known = plane.metrics, plane.knows_model
+        self._access_log = settings.access_log
 
     def match(self, scope: Scope) -> bool:
         """Whether a direct route serves this request; if so, the scope now says which."""
@@ -134,6 +137,7 @@ class DirectRoutes:
         try:
             request = Request(scope, receive)
             try:
+                start_request_id(scope)
                 admitted = await self._limits.admit(scope, receive)
                 if admitted is not receive:
                     request = Request(scope, admitted)
@@ -141,7 +145,8 @@ class DirectRoutes:
             except Exception as exc:
                 response = await handle_error(request, exc)
             status = response.status_code
-            await send({"type": START, "status": status, "headers": response.raw_headers})
+            headers = [*response.raw_headers, request_id_header()]
+            await send({"type": START, "status": status, "headers": headers})
             await send({"type": BODY, "body": response.body})
         except asyncio.CancelledError:
             if scope.get(CLIENT_GONE) and status == 500:
@@ -149,7 +154,7 @@ class DirectRoutes:
             raise
         finally:
             metrics.request_finished()
-            record_request(metrics, self._known, scope, status, start)
+            record_request(metrics, self._known, scope, status, start, self._access_log)
 
 
 START, BODY = "http.response.start", "http.response.body"

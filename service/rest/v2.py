@@ -7,7 +7,8 @@ from fastapi import APIRouter, Request, Response
 from service import codecs
 from service.dataplane import DataPlane
 from service.errors import BadInputError
-from service.rest.middleware import SERVED_VERSION
+from service.logs import adopt_request_id
+from service.rest.middleware import REQUEST_ID_GIVEN, SERVED_VERSION
 from service.rest.routing import Answer, add_model_route, get_plane, header, read_body
 from service.rest.schemas import (
     InferenceRequest,
@@ -46,6 +47,8 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     plane, body = get_plane(request), await read_body(request)
     header_length = header(request, codecs.HEADER_LENGTH_KEY)
     decoded = await plane.codec(len(body), codecs.decode_v2, body, header_length)
+    if decoded.id and not request.scope[REQUEST_ID_GIVEN]:
+        adopt_request_id(decoded.id)
     result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version
     content, headers = await plane.codec(len(body), codecs.encode_v2, result)
@@ -210,3 +213,20 @@ async def _optional_object(request: Request, shape: str) -> dict[str, object]:
     if not isinstance(payload, dict):
         raise BadInputError(f"body must be a JSON object {shape}")
     return payload
+
+
+# ---- Triton's logging extension ---------------------------------------------------------------
+
+
+@router.get("/v2/logging", responses=responses(401), tags=["Logging (Triton)"])
+async def log_settings(request: Request) -> Response:
+    """This process's log settings: log_info, log_warning, log_error, log_verbose_level,
+    log_format (default, ISO8601 or json) and log_file (always standard error)."""
+    return _json(authorized_plane(request).logs.settings())
+
+
+@router.post("/v2/logging", responses=responses(400, 401), tags=["Logging (Triton)"])
+async def update_log_settings(request: Request) -> Response:
+    """Change some of the log settings, from the next log line on; the settings now."""
+    plane, shape = authorized_plane(request), '{"log_info": true, ...}'
+    return _json(plane.logs.update(await _optional_object(request, shape)))

@@ -66,6 +66,7 @@ def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Pope
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
+        process.output = output  # type: ignore[attr-defined]  # for tests that read the logs
         assert "Traceback" not in output, output
 
 
