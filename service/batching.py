@@ -49,6 +49,7 @@ from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
 from service.statistics import ModelStatistics
+from service.tracing import RequestTrace, batch_of
 
 Outputs = dict[str, np.ndarray]
 # Inline, with no queue delay, a batch gathers until this many loop iterations in a row have
@@ -97,6 +98,7 @@ class _Request:
     enqueued: float = field(default_factory=time.perf_counter)
     deadline: Deadline | None = None
     expiry: asyncio.TimerHandle | None = None  # fails the request when its deadline passes
+    trace: RequestTrace | None = None  # a traced request's stages (service.tracing)
 
 
 def _expire(request: _Request, deadline: Deadline | None, passed_only: bool = False) -> None:
@@ -236,6 +238,7 @@ class Batcher:
         inputs: dict[str, np.ndarray],
         outputs: list[str] | None = None,
         deadline: Deadline | None = None,
+        trace: RequestTrace | None = None,
     ) -> Outputs:
         """Queue one request and wait for its share of a batch's outputs; a request still
         queued at its ``deadline`` fails with ``OverloadedError`` instead of running late."""
@@ -247,18 +250,19 @@ class Batcher:
             looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
             if looks and await self._company():
                 request = _Request(inputs, size, loop.create_future(), arrived, deadline)
+                request.trace = trace
                 self._pending.appendleft(request)  # first, as it came first
                 self._queued += size
                 self._run_inline()
                 results = await request.future
             else:  # in a quiet, or none came: a batch of this request alone
-                results = self._run_alone(inputs, size, arrived, looks)
+                results = self._run_alone(inputs, size, arrived, looks, trace)
             return _asked(results, outputs)
         if not self.inline and self.quiet and not self._pending and not self._instances.locked():
-            results = await self._run_alone_on_thread(inputs, size, deadline)
+            results = await self._run_alone_on_thread(inputs, size, deadline, trace)
             return _asked(results, outputs)
         future: asyncio.Future[Outputs] = loop.create_future()
-        request = _Request(inputs, size, future, deadline=deadline)
+        request = _Request(inputs, size, future, deadline=deadline, trace=trace)
         self._pending.append(request)
         self._queued += size
         if not self.inline:
@@ -320,7 +324,12 @@ class Batcher:
         self._run_inline()
 
     def _run_alone(
-        self, inputs: dict[str, np.ndarray], size: int, arrived: float, looked: bool
+        self,
+        inputs: dict[str, np.ndarray],
+        size: int,
+        arrived: float,
+        looked: bool,
+        trace: RequestTrace | None = None,
     ) -> Outputs:
         """A batch of this one request, now, without queueing it; it has waited since
         ``arrived`` (``time.perf_counter``), for company if it ``looked`` (and found none)."""
@@ -328,8 +337,10 @@ class Batcher:
             self._ran(1)
         waited = time.perf_counter() - arrived
         self._queue_time.observe(waited)
-        results, _, infer_ns = timed_infer(self.model, inputs)
+        results, began, infer_ns = timed_infer(self.model, inputs)
         self.runs.record_alone(size, int(waited * 1e9), infer_ns)
+        if trace is not None:
+            trace.ran(int(arrived * 1e9), began, infer_ns, None)
         return results
 
     def _run_inline(self) -> None:
@@ -344,7 +355,7 @@ class Batcher:
             except Exception as exc:
                 self._fail(batch, exc)
             else:
-                self._split_and_record(batch, results, began - start, took)
+                self._split_and_record(batch, results, start, began, took)
         if self._pending and self._scheduled is None and self._loop is not None:
             self._scheduled = self._loop.call_soon(self._run_scheduled)
 
@@ -398,7 +409,11 @@ class Batcher:
             run.add_done_callback(self._running.discard)
 
     async def _run_alone_on_thread(
-        self, inputs: dict[str, np.ndarray], size: int, deadline: Deadline | None
+        self,
+        inputs: dict[str, np.ndarray],
+        size: int,
+        deadline: Deadline | None,
+        trace: RequestTrace | None = None,
     ) -> Outputs:
         """A batch of this one request on the free instance, now: no queue entry, no future of
         its own, no turn of the gathering task. A client that leaves meanwhile leaves the run to
@@ -412,6 +427,8 @@ class Batcher:
         run.add_done_callback(self._ran_alone)
         results, began, took = await asyncio.shield(run)
         self.runs.record_alone(size, began - handed, took)
+        if trace is not None:
+            trace.ran(handed, began, took, None)
         return results
 
     def _ran_alone(self, run: asyncio.Future[Any]) -> None:
@@ -430,7 +447,7 @@ class Batcher:
             except Exception as exc:
                 self._fail(batch, exc)
             else:
-                self._split_and_record(batch, results, began - start, took)
+                self._split_and_record(batch, results, start, began, took)
         finally:
             self._instances.release()
 
@@ -476,13 +493,31 @@ class Batcher:
         return sum(r.size for r in batch)
 
     def _split_and_record(
-        self, batch: list[_Request], results: Outputs, input_ns: int, infer_ns: int
+        self, batch: list[_Request], results: Outputs, start: int, began: int, infer_ns: int
     ) -> None:
-        """Each request's share of ``results``; the run's three phases recorded."""
+        """Each request's share of ``results``; the run's three phases recorded (the batch
+        was fed from ``start`` and ran from ``began``, perf ns), and traced requests told."""
         split = time.perf_counter_ns()
         self._split(batch, results)
         output_ns = time.perf_counter_ns() - split
-        self.runs.record(self._size(batch), len(batch), input_ns, infer_ns, output_ns)
+        samples = self._size(batch)
+        self.runs.record(samples, len(batch), began - start, infer_ns, output_ns)
+        traced = [r for r in batch if r.trace is not None]
+        if traced:
+            self._traced(traced, len(batch), samples, began, infer_ns)
+
+    def _traced(
+        self, traced: list[_Request], requests: int, samples: int, began: int, infer_ns: int
+    ) -> None:
+        """A run's traced requests: their queue and compute, and the batch span they share."""
+        traces = [r.trace for r in traced if r.trace is not None]
+        model = self.model
+        attributes = {"triton.model_name": model.name, "triton.model_version": model.version,
+                      "gelu.batch_size": samples, "gelu.batch_requests": requests,
+                      "gelu.execution_provider": model.providers[0]}  # fmt: skip
+        shared = batch_of(traces, began, infer_ns, attributes) if requests > 1 else None
+        for request, trace in zip(traced, traces, strict=True):
+            trace.ran(int(request.enqueued * 1e9), began, infer_ns, shared)
 
     def _feed(self, batch: list[_Request]) -> dict[str, np.ndarray]:
         """The batch's inputs, concatenated; records the requests' queue times."""

@@ -52,6 +52,8 @@ from service.repository import ModelRepository
 from service.repository.layout import model_names
 from service.runtime import Model, Runtime, dims_match
 from service.settings import PROVIDER_NAMES, Settings
+from service.trace_settings import TraceSettings
+from service.tracing import Tracing
 
 logger = logging.getLogger("gelu_serve")
 T = TypeVar("T")
@@ -66,6 +68,7 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
 ]
 
 
@@ -120,6 +123,8 @@ class DataPlane:
         self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
         self.control = ModelControl(settings, self._repository)  # the repository extension
         self.logs = LOGS  # the logging extension: the process's, configured as the app starts
+        self.tracing: Tracing | None = None  # OpenTelemetry, when OTEL_TRACES_EXPORTER asks
+        self.trace_settings = TraceSettings(enabled=False)  # Triton's trace extension
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -129,6 +134,8 @@ class DataPlane:
         (a model that fails to load is one only with ``GELU_EXIT_ON_ERROR``)."""
         settings = self.settings
         root = settings.model_repository
+        self.tracing = Tracing.from_environment()
+        self.trace_settings = TraceSettings(enabled=self.tracing is not None)
         if not root.is_dir():
             raise StartupError(
                 f"model repository {root} does not exist; build the defaults with `make models` "
@@ -203,6 +210,9 @@ class DataPlane:
         repository, self.repository = self.repository, None
         if repository is not None:
             await repository.stop()
+        tracing, self.tracing = self.tracing, None
+        if tracing is not None:
+            await anyio.to_thread.run_sync(tracing.shutdown)  # the last spans leave
 
     def drain(self) -> None:
         """Report not ready from now on (the service is stopping), while still serving."""
@@ -315,7 +325,7 @@ class DataPlane:
             inline = batch <= served.inline_batch
             batcher = served.batcher  # bypass: no company lately, run as batching off does
             if batcher is not None and not batcher.bypass and inline is batcher.inline:
-                results = await batcher.infer(inputs, names, deadline)
+                results = await batcher.infer(inputs, names, deadline, request.trace)
             else:
                 handed = time.perf_counter_ns()
                 if inline:  # bounded: see ModelRepository
@@ -324,6 +334,8 @@ class DataPlane:
                     run = anyio.to_thread.run_sync
                     results, started, took = await run(timed_infer, model, inputs, deadline)
                 served.runs.record_alone(batch, started - handed, took)
+                if request.trace is not None:
+                    request.trace.ran(handed, started, took, None)
             ok = True
         finally:
             served.finished()

@@ -53,6 +53,7 @@ class InferenceRequest:
     binary_outputs: bool = False
     id: str | None = None
     timeout_us: int | None = None
+    trace: Any = None  # a traced request's ``service.tracing.RequestTrace``; None untraced
 
 
 @dataclass(frozen=True)

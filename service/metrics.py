@@ -23,6 +23,10 @@ from prometheus_client import (
     values,
 )
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
+
+# The media type of the OpenMetrics exposition, which carries exemplars.
+OPENMETRICS = openmetrics_exposition.CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 COMPUTE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
@@ -220,9 +224,16 @@ class Metrics:
             self.in_flight_count -= 1
 
     def observe_request(
-        self, endpoint: str, model: str, version: str, status: int, seconds: float
+        self,
+        endpoint: str,
+        model: str,
+        version: str,
+        status: int,
+        seconds: float,
+        trace_id: str | None = None,
     ) -> None:
-        """One answered request of any face: counted, a failure if ``status`` >= 400, timed."""
+        """One answered request of any face: counted, a failure if ``status`` >= 400, timed
+        (with its ``trace_id`` as the bucket's exemplar when it was traced)."""
         key = (endpoint, model, version, status)
         children = self._request_children.get(key)
         if children is None:
@@ -237,13 +248,19 @@ class Metrics:
         requests.inc()
         if failures is not None:
             failures.inc()
-        latency.observe(seconds)
+        if trace_id is None:
+            latency.observe(seconds)
+        else:
+            latency.observe(seconds, exemplar={"trace_id": trace_id})
 
-    def exposition(self) -> bytes:
-        """The text format, aggregated over processes in multiprocess mode."""
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """The Prometheus text format, or OpenMetrics (with exemplars), aggregated over
+        processes in multiprocess mode (which keeps no exemplars)."""
+        registry = self.registry
         if self.multiprocess:
             _DeferredValue.flush()
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+        return (openmetrics_exposition.generate_latest if openmetrics else generate_latest)(
+            registry
+        )

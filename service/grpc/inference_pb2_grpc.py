@@ -99,6 +99,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=service_dot_grpc_dot_inference__pb2.LogSettingsRequest.SerializeToString,
                 response_deserializer=service_dot_grpc_dot_inference__pb2.LogSettingsResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=service_dot_grpc_dot_inference__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=service_dot_grpc_dot_inference__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -183,6 +188,12 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -250,6 +261,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.LogSettings,
                     request_deserializer=service_dot_grpc_dot_inference__pb2.LogSettingsRequest.FromString,
                     response_serializer=service_dot_grpc_dot_inference__pb2.LogSettingsResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=service_dot_grpc_dot_inference__pb2.TraceSettingRequest.FromString,
+                    response_serializer=service_dot_grpc_dot_inference__pb2.TraceSettingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -603,6 +619,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/LogSettings',
             service_dot_grpc_dot_inference__pb2.LogSettingsRequest.SerializeToString,
             service_dot_grpc_dot_inference__pb2.LogSettingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            service_dot_grpc_dot_inference__pb2.TraceSettingRequest.SerializeToString,
+            service_dot_grpc_dot_inference__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,8 +43,10 @@ from service.logs import (
     request_id,
     wants_access,
 )
+from service.tracing import RequestTrace
 
 logger = logging.getLogger("gelu_serve")
+SERVICE = "inference.GRPCInferenceService"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # The one mapping from the core's errors (their HTTP status) to gRPC status codes.
 STATUS_CODES = {
@@ -55,6 +57,17 @@ STATUS_CODES = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC status of an answer counted with HTTP ``status``."""
+    if status == 200:
+        return grpc.StatusCode.OK
+    if status == CLIENT_CLOSED_REQUEST:
+        return grpc.StatusCode.CANCELLED
+    return STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+
+
 # A status's message travels in a trailer, percent-encoded (up to 3 bytes for each byte of UTF-8,
 # up to 4 for a character), and clients drop trailers above 8 KiB (grpc.max_metadata_size) for
 # "Stream removed": a message naming a long string a client sent is cut in its middle to fit.
@@ -111,6 +124,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         handler: Awaitable[Reply],
         model: str = "",
+        trace: RequestTrace | None = None,
     ) -> Reply:
         """Await ``handler`` (``_answer``) under the call's request id (its ``x-request-id``
         metadata, else a fresh one, returned in the trailing metadata); a failure ends the
@@ -127,12 +141,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-        answer = await self._answer(method, handler, model)
+        answer = await self._answer(method, handler, model, trace)
         if isinstance(answer, Failure):
             await _abort(context, answer.code, answer.message)
         return answer
 
-    async def _answer(self, method: str, handler: Awaitable[Reply], model: str) -> Reply | Failure:
+    async def _answer(
+        self,
+        method: str,
+        handler: Awaitable[Reply],
+        model: str,
+        trace: RequestTrace | None = None,
+    ) -> Reply | Failure:
         """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
         the status as its HTTP equivalent); a ``ServiceError`` (or a bug) becomes a ``Failure``
         with its status code and message."""
@@ -157,7 +177,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             label = model if model and self.plane.knows_model(model) else ""
             version = version if label else ""
             seconds = time.perf_counter() - began
-            self.plane.metrics.observe_request(f"grpc:{method}", label, version, status, seconds)
+            trace_id = None if trace is None else trace.trace_id
+            self.plane.metrics.observe_request(
+                f"grpc:{method}", label, version, status, seconds, trace_id
+            )
+            if trace is not None:
+                attributes = {"rpc.grpc.status_code": grpc_code(status).value[0],
+                              "triton.model_version": version,
+                              "gelu.request_id": request_id.get() or ""}  # fmt: skip
+                trace.end(status, attributes, time.perf_counter_ns())
             if wants_access(self.access_log):
                 access("grpc", method, f"/inference.GRPCInferenceService/{method}", status,
                        seconds, self.access_log, model=label or None,
@@ -182,7 +210,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelMetadata", context, metadata, request.name)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._call("ModelInfer", context, self._infer(request), request.model_name)
+        trace = None if self.plane.tracing is None else self._begin_trace(request, context)
+        infer = self._infer(request, trace)
+        return await self._call("ModelInfer", context, infer, request.model_name, trace)
 
     # ModelStreamInfer, a stream of calls rather than one, is with inference below.
 
@@ -192,6 +222,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         statistics = self._statistics(request)
         return await self._call("ModelStatistics", context, statistics, request.name)
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        setting = self._trace_setting(request, context)
+        return await self._call("TraceSetting", context, setting, request.model_name)
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         return await self._call("LogSettings", context, self._log_settings(request, context))
@@ -232,12 +266,34 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ---- inference -------------------------------------------------------------------------------
 
-    async def _infer(self, request: Any) -> pb.ModelInferResponse:
+    async def _infer(
+        self, request: Any, trace: RequestTrace | None = None
+    ) -> pb.ModelInferResponse:
         plane, size = self.plane, request.ByteSize()  # large ones decode off the loop
+        began = time.perf_counter_ns() if trace else 0
         decoded, raw = await plane.codec(size, codec.decode_infer, request)
+        if trace is not None:
+            trace.since("decode", began)
+            decoded.trace = trace
         result = await plane.infer(request.model_name, request.model_version or None, decoded)
+        began = time.perf_counter_ns() if trace else 0
         response: pb.ModelInferResponse = await plane.codec(size, codec.encode_infer, result, raw)
+        if trace is not None:
+            trace.since("encode", began)
         return response
+
+    def _begin_trace(self, request: Any, context: Any) -> RequestTrace | None:
+        """A ModelInfer call's trace, if Triton's trace settings pick it: a span under the
+        caller's ``traceparent`` metadata, named as OpenTelemetry's RPC conventions name it."""
+        name = request.model_name
+        model = name if name and self.plane.knows_model(name) else ""
+        tracing = self.plane.tracing
+        if tracing is None or not self.plane.trace_settings.pick(model):
+            return None
+        carrier = dict(context.invocation_metadata() or ())
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer",
+                      "triton.model_name": model}  # fmt: skip
+        return tracing.begin(f"{SERVICE}/ModelInfer", carrier, time.perf_counter_ns(), attributes)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Triton's streaming inference: ``stream_answers``, each written as it comes."""
@@ -314,6 +370,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _statistics(self, request: Any) -> pb.ModelStatisticsResponse:
         stats = self.plane.statistics(request.name or None, request.version or None)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    async def _trace_setting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        self._authorize(context)
+        model = request.model_name or None
+        if model is not None:
+            self.plane.model_info(model)  # 404 for a model the repository does not serve
+        changes: dict[str, Any] = {}
+        for name, value in request.settings.items():
+            values = list(value.value)  # none: clear a model's own
+            changes[name] = (values if name == "trace_level" else values[0]) if values else None
+        settings = self.plane.trace_settings
+        now = settings.update(changes, model) if changes else settings.reply(model)
+        reply = pb.TraceSettingResponse()
+        for name, value in now.items():
+            reply.settings[name].value.extend(value if isinstance(value, list) else [value])
+        return reply
 
     async def _log_settings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
         self._authorize(context)

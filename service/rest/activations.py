@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
 from service.activations import KERNELS
+from service.dataplane import DataPlane
 from service.errors import BadInputError
+from service.rest.middleware import TRACE
 from service.rest.routing import Answer, DirectRoute, get_plane, header, read_body
 from service.rest.schemas import (
     ActivationList,
@@ -94,7 +99,7 @@ async def evaluate(request: Request, name: str) -> Response:
         kernel = plane.check_kernel(name, derivative, kernel)
         shape = header(request, codecs.SHAPE_HEADER_KEY) or query.get("shape")
         x = codecs.decode_activation_binary(body, shape)
-        y = await plane.activate(name, x, derivative, kernel)
+        y = await _activate(request, plane, name, x, derivative, kernel)
         content, headers = codecs.encode_activation_binary(y, kernel)
         return Answer(content, headers)
     x, body_derivative, body_kernel = await plane.codec(
@@ -102,11 +107,23 @@ async def evaluate(request: Request, name: str) -> Response:
     )
     derivative = derivative or body_derivative
     kernel = plane.check_kernel(name, derivative, kernel or body_kernel)
-    y = await plane.activate(name, x, derivative, kernel)
+    y = await _activate(request, plane, name, x, derivative, kernel)
     encoded = await plane.codec(
         len(body), codecs.encode_activation_json, name, derivative, kernel, y
     )
     return Answer(encoded, codecs.JSON_HEADERS)
+
+
+async def _activate(
+    request: Request, plane: DataPlane, name: str, x: np.ndarray, derivative: bool, kernel: str
+) -> np.ndarray:
+    """``plane.activate``, a ``compute`` stage of a traced request."""
+    trace = request.scope.get(TRACE)
+    began = time.perf_counter_ns() if trace else 0
+    y = await plane.activate(name, x, derivative, kernel)
+    if trace is not None:
+        trace.since("compute", began)
+    return y
 
 
 router.add_api_route(

@@ -16,11 +16,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 
 from service import __version__
 from service.dataplane import DataPlane
 from service.errors import ServiceError
+from service.metrics import OPENMETRICS
 from service.rest import activations, v1, v2
 from service.rest.middleware import (
     CLIENT_GONE,
@@ -102,8 +103,11 @@ def create_app(
         response_class=Response,
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
-    async def prometheus_metrics() -> Response:
-        """Prometheus text format: requests, failures, latency, in-flight, providers, batches."""
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text format: requests, failures, latency, in-flight, providers, batches;
+        OpenMetrics, with traced requests' trace ids as exemplars, to a scraper that asks."""
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            return Response(plane.metrics.exposition(openmetrics=True), media_type=OPENMETRICS)
         return Response(plane.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     for exc_class in (

@@ -41,6 +41,8 @@ logger = logging.getLogger("gelu_serve")
 CLIENT_GONE = "gelu.client_gone"
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
+# A traced request's ``service.tracing.RequestTrace``, for its endpoint's stages.
+TRACE = "gelu.trace"
 # Whether the client sent an X-Request-ID (a V2 request's own id is adopted when it did not).
 REQUEST_ID_GIVEN = "gelu.request_id_given"
 _REQUEST_ID_KEY = REQUEST_ID_HEADER.encode()
@@ -353,6 +355,7 @@ def record_request(
     status: int,
     start: float,
     access_log: bool = False,
+    trace_id: str | None = None,
 ) -> None:
     """Count and time one answered request (``start``: its ``time.perf_counter()``) by its
     route template, model and served version; only a name ``known`` to the repository becomes
@@ -364,7 +367,7 @@ def record_request(
     # The version that served it, as the endpoint recorded (a repository's version).
     version = scope.get(SERVED_VERSION, "") if model else ""
     seconds = time.perf_counter() - start
-    metrics.observe_request(endpoint, model, version, status, seconds)
+    metrics.observe_request(endpoint, model, version, status, seconds, trace_id)
     if wants_access(access_log):
         access("http", scope["method"], scope["path"], status, seconds, access_log,
                model=model or None, version=version or None)  # fmt: skip

@@ -29,8 +29,11 @@ from starlette.routing import BaseRoute, get_route_path
 from service import codecs
 from service.dataplane import DataPlane
 from service.errors import CLIENT_CLOSED_REQUEST
+from service.logs import request_id
 from service.rest.middleware import (
     CLIENT_GONE,
+    SERVED_VERSION,
+    TRACE,
     BodyLimits,
     Receive,
     Scope,
@@ -40,6 +43,7 @@ from service.rest.middleware import (
     request_id_header,
     start_request_id,
 )
+from service.tracing import RequestTrace
 
 Endpoint = Callable[..., Awaitable[Response]]
 
@@ -118,6 +122,7 @@ class DirectRoutes:
         self._limits = BodyLimits(settings.max_body_bytes, settings.max_json_bytes)
         self._metrics, self._known = plane.metrics, plane.knows_model
         self._access_log = settings.access_log
+        self._plane = plane
 
     def match(self, scope: Scope) -> bool:
         """Whether a direct route serves this request; if so, the scope now says which."""
@@ -133,6 +138,7 @@ class DirectRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         metrics, status, start = self._metrics, 500, time.perf_counter()
+        trace = None if self._plane.tracing is None else self._begin_trace(scope)
         metrics.request_started()
         try:
             request = Request(scope, receive)
@@ -154,7 +160,34 @@ class DirectRoutes:
             raise
         finally:
             metrics.request_finished()
-            record_request(metrics, self._known, scope, status, start, self._access_log)
+            trace_id = None if trace is None else trace.trace_id
+            record_request(metrics, self._known, scope, status, start, self._access_log, trace_id)
+            if trace is not None:
+                trace.end(status, finished_attributes(scope, status), time.perf_counter_ns())
+
+    def _begin_trace(self, scope: Scope) -> RequestTrace | None:
+        """The request's trace, if Triton's trace settings pick it: a span under the
+        caller's ``traceparent``, named by method and route as OpenTelemetry's HTTP
+        conventions name it."""
+        name = scope["path_params"].get("name", "")
+        model = name if name and self._known(name) else ""
+        tracing = self._plane.tracing
+        if tracing is None or not self._plane.trace_settings.pick(model):
+            return None
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        route = scope["route"].path
+        attributes = {"http.request.method": scope["method"], "url.path": scope["path"],
+                      "http.route": route, "triton.model_name": model}  # fmt: skip
+        trace = tracing.begin(f"{scope['method']} {route}", carrier, time.perf_counter_ns(),
+                              attributes)  # fmt: skip
+        scope[TRACE] = trace
+        return trace
+
+
+def finished_attributes(scope: Scope, status: int) -> dict[str, Any]:
+    """A traced HTTP request's attributes once answered."""
+    return {"http.response.status_code": status, "gelu.request_id": request_id.get() or "",
+            "triton.model_version": scope.get(SERVED_VERSION, "")}  # fmt: skip
 
 
 START, BODY = "http.response.start", "http.response.body"

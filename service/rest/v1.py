@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
 from service.errors import MethodNotAllowedError
 from service.inference import ModelInfo
-from service.rest.middleware import SERVED_VERSION
+from service.rest.middleware import SERVED_VERSION, TRACE
 from service.rest.routing import Answer, add_model_route, get_plane, read_body
 from service.rest.schemas import (
     ModelList,
@@ -23,10 +25,18 @@ router = APIRouter(tags=["V1 (KServe style)"])
 
 async def predict(request: Request, name: str, version: str | None = None) -> Response:
     """Predict with the model (its latest version unless one is named)."""
-    plane, body = get_plane(request), await read_body(request)
-    result = await plane.infer(name, version, await plane.codec(len(body), codecs.decode_v1, body))
+    plane, body, trace = get_plane(request), await read_body(request), request.scope.get(TRACE)
+    began = time.perf_counter_ns() if trace else 0
+    decoded = await plane.codec(len(body), codecs.decode_v1, body)
+    if trace is not None:
+        trace.since("decode", began)
+        decoded.trace = trace
+    result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version
+    began = time.perf_counter_ns() if trace else 0
     content = await plane.codec(len(body), codecs.encode_v1, result)
+    if trace is not None:
+        trace.since("encode", began)
     return Answer(content, codecs.JSON_HEADERS)
 
 

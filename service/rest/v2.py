@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.logs import adopt_request_id
-from service.rest.middleware import REQUEST_ID_GIVEN, SERVED_VERSION
+from service.rest.middleware import REQUEST_ID_GIVEN, SERVED_VERSION, TRACE
 from service.rest.routing import Answer, add_model_route, get_plane, header, read_body
 from service.rest.schemas import (
     InferenceRequest,
@@ -44,14 +46,21 @@ def _json(payload: object, status_code: int = 200) -> Response:
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Inference with the model (its latest version unless one is named): JSON, or JSON plus
     binary tensors."""
-    plane, body = get_plane(request), await read_body(request)
+    plane, body, trace = get_plane(request), await read_body(request), request.scope.get(TRACE)
     header_length = header(request, codecs.HEADER_LENGTH_KEY)
+    began = time.perf_counter_ns() if trace else 0
     decoded = await plane.codec(len(body), codecs.decode_v2, body, header_length)
     if decoded.id and not request.scope[REQUEST_ID_GIVEN]:
         adopt_request_id(decoded.id)
+    if trace is not None:
+        trace.since("decode", began)
+        decoded.trace = trace
     result = await plane.infer(name, version, decoded)
     request.scope[SERVED_VERSION] = result.model.version
+    began = time.perf_counter_ns() if trace else 0
     content, headers = await plane.codec(len(body), codecs.encode_v2, result)
+    if trace is not None:
+        trace.since("encode", began)
     return Answer(content, headers)
 
 
@@ -230,3 +239,37 @@ async def update_log_settings(request: Request) -> Response:
     """Change some of the log settings, from the next log line on; the settings now."""
     plane, shape = authorized_plane(request), '{"log_info": true, ...}'
     return _json(plane.logs.update(await _optional_object(request, shape)))
+
+
+# ---- Triton's trace extension -----------------------------------------------------------------
+
+
+@router.get("/v2/trace/setting", responses=responses(401), tags=["Trace (Triton)"])
+async def trace_settings(request: Request) -> Response:
+    """The server's trace settings: trace_level, trace_rate, trace_count, log_frequency."""
+    return _json(authorized_plane(request).trace_settings.reply())
+
+
+@router.post("/v2/trace/setting", responses=responses(400, 401), tags=["Trace (Triton)"])
+async def update_trace_settings(request: Request) -> Response:
+    """Change some of the server's trace settings, from the next request on."""
+    plane, shape = authorized_plane(request), '{"trace_level": ["TIMESTAMPS"], ...}'
+    return _json(plane.trace_settings.update(await _optional_object(request, shape)))
+
+
+@router.get("/v2/models/{name}/trace/setting", responses=responses(401, 404),
+            tags=["Trace (Triton)"])  # fmt: skip
+async def model_trace_settings(name: str, request: Request) -> Response:
+    """The trace settings in force for one model (its own, else the server's)."""
+    plane = authorized_plane(request)
+    plane.model_info(name)  # 404 for a model the repository does not serve
+    return _json(plane.trace_settings.reply(name))
+
+
+@router.post("/v2/models/{name}/trace/setting", responses=responses(400, 401, 404),
+             tags=["Trace (Triton)"])  # fmt: skip
+async def update_model_trace_settings(name: str, request: Request) -> Response:
+    """Change one model's own trace settings (null: the server's again)."""
+    plane, shape = authorized_plane(request), '{"trace_rate": "10", ...}'
+    plane.model_info(name)
+    return _json(plane.trace_settings.update(await _optional_object(request, shape), name))

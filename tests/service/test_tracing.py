@@ -1,0 +1,337 @@
+"""OpenTelemetry traces, exported over OTLP from a real server to a receiver on loopback, and
+Triton's trace extension that picks the requests traced."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
+
+from service.rest.app import create_app
+from service.trace_settings import TraceSettings
+from tests.helpers import DIGITS, assert_error
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+STAGES = {"decode", "queue", "compute", "encode"}
+
+
+class Receiver:
+    """The spans an OTLP endpoint on loopback has received, decoded from real protobuf."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.resources: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def take(self, request: otlp.ExportTraceServiceRequest) -> None:
+        with self.lock:
+            for resource_spans in request.resource_spans:
+                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend(scope_spans.spans)
+                    self.resources.extend(resource for _ in scope_spans.spans)
+
+    def wait(self, done: Any, seconds: float = 15) -> list[Any]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.lock:
+                spans = list(self.spans)
+            if done(spans):
+                return spans
+            time.sleep(0.05)
+        raise AssertionError(f"spans never arrived: {[s.name for s in spans]}")
+
+
+@pytest.fixture(params=["http/protobuf", "grpc"])
+def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[Receiver, str, str]]:
+    """An OTLP receiver of each protocol: (its spans, protocol, endpoint)."""
+    with otlp_receiver(request.param) as (got, endpoint):
+        yield got, request.param, endpoint
+
+
+@contextmanager
+def otlp_receiver(protocol: str) -> Iterator[tuple[Receiver, str]]:
+    """An OTLP receiver of ``protocol`` on loopback: (its spans, its endpoint)."""
+    got = Receiver()
+    if protocol == "grpc":
+
+        class Service(otlp_grpc.TraceServiceServicer):
+            def Export(self, message: Any, context: Any) -> Any:
+                got.take(message)
+                return otlp.ExportTraceServiceResponse()
+
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+        otlp_grpc.add_TraceServiceServicer_to_server(Service(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            yield got, f"http://127.0.0.1:{port}"
+        finally:
+            server.stop(0)
+        return
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            assert self.path == "/v1/traces"
+            got.take(otlp.ExportTraceServiceRequest.FromString(body))
+            answer = otlp.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield got, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def _scrape(port: int) -> str:
+    """/metrics as an OpenMetrics scraper asks for it (exemplars included)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    accept = "application/openmetrics-text; version=1.0.0"
+    connection.request("GET", "/metrics", headers={"Accept": accept})
+    response = connection.getresponse()
+    assert response.getheader("content-type", "").startswith("application/openmetrics-text")
+    return response.read().decode()
+
+
+def _attributes(span: Any) -> dict[str, Any]:
+    values = {}
+    for a in span.attributes:
+        kind = a.value.WhichOneof("value")
+        values[a.key] = getattr(a.value, kind)
+    return values
+
+
+def _children(spans: list[Any], parent: Any) -> dict[str, Any]:
+    return {s.name: s for s in spans if s.parent_span_id == parent.span_id}
+
+
+@pytest.mark.slow
+def test_spans_reach_an_otlp_receiver_from_both_faces(
+    model_repository: Path, receiver: tuple[Receiver, str, str]
+) -> None:
+    """Through a real server: each inference request's span sits under the caller's trace,
+    with one child per stage; requests that shared a run link to its batch span, and it to
+    them; a gRPC call is traced as an HTTP one is."""
+    import tritonclient.grpc as grpcclient
+
+    from tests.service.grpc.test_grpc import grpc_server
+
+    got, protocol, endpoint = receiver
+    servers = grpc_server(
+        model_repository,
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_SERVICE_NAME="gelu-test",
+    )
+    server = next(servers)
+    try:
+        parent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+        body = b'{"instances": [' + ",".join(["[" + ",".join(["0.5"] * 64) + "]"]).encode() + b"]}"
+        status, _ = server.http_post(
+            "/v1/models/digits-mlp:predict",
+            body,
+            {"Content-Type": "application/json", "traceparent": parent, "X-Request-ID": "t-1"},
+        )
+        assert status == 200
+        client = grpcclient.InferenceServerClient(server.address)
+        x = grpcclient.InferInput("input", [1, 64], "FP32")
+        x.set_data_from_numpy(np.ascontiguousarray(DIGITS[:1]))
+        client.infer("digits-mlp", [x], headers={"traceparent": parent})
+        scraped = _scrape(server.http_port)  # before other requests replace the exemplars
+        # Many at once, each its own trace: some share a run.
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(
+                lambda i: server.http_post("/v1/models/digits-mlp:predict", body,
+                                           {"Content-Type": "application/json"}),
+                range(64),
+            ))  # fmt: skip
+        assert all(status == 200 for status, _ in answers)
+        spans = got.wait(
+            lambda spans: (
+                sum(s.kind == s.SPAN_KIND_SERVER for s in spans) >= 66
+                and any(s.name == "batch" for s in spans)
+            )
+        )
+    finally:
+        next(servers, None)
+
+    by_caller = [
+        s for s in spans if s.trace_id.hex() == CALLER_TRACE and s.kind == s.SPAN_KIND_SERVER
+    ]
+    (http_span,) = [s for s in by_caller if s.name == "POST /v1/models/{name}:predict"]
+    (grpc_span,) = [s for s in by_caller if s.name == "inference.GRPCInferenceService/ModelInfer"]
+    for span in (http_span, grpc_span):
+        assert span.parent_span_id.hex() == CALLER_SPAN  # under the caller's span
+        children = _children(spans, span)
+        assert set(children) == STAGES
+        for child in children.values():
+            assert span.start_time_unix_nano <= child.start_time_unix_nano
+            assert child.start_time_unix_nano <= child.end_time_unix_nano <= span.end_time_unix_nano
+        assert _attributes(span)["triton.model_name"] == "digits-mlp"
+        assert _attributes(span)["triton.model_version"] == "2"
+    http_attributes = _attributes(http_span)
+    assert http_attributes["http.response.status_code"] == 200
+    assert http_attributes["http.route"] == "/v1/models/{name}:predict"
+    assert http_attributes["gelu.request_id"] == "t-1"
+    assert _attributes(grpc_span)["rpc.grpc.status_code"] == 0
+    assert got.resources[0]["service.name"] == "gelu-test"
+    # Metrics meet traces: the caller's trace id is an exemplar of both faces' latency.
+    exemplars = [line for line in scraped.splitlines() if f'trace_id="{CALLER_TRACE}"' in line]
+    assert any('endpoint="/v1/models/{name}:predict"' in line for line in exemplars)
+    assert any('endpoint="grpc:ModelInfer"' in line for line in exemplars)
+
+    batches = [s for s in spans if s.name == "batch"]
+    shared = max(batches, key=lambda s: len(s.links))
+    assert len(shared.links) >= 2 and _attributes(shared)["gelu.batch_requests"] >= 2
+    requests = {s.span_id: s for s in spans if s.kind == s.SPAN_KIND_SERVER}
+    for link in shared.links:  # each request in the run links back to it from its compute
+        compute = _children(spans, requests[link.span_id])["compute"]
+        assert [(k.trace_id, k.span_id) for k in compute.links] == [
+            (shared.trace_id, shared.span_id)
+        ]
+
+
+def test_the_trace_extension_is_off_without_an_exporter(client: TestClient) -> None:
+    settings = client.get("/v2/trace/setting").json()
+    assert settings == {"trace_level": ["OFF"], "trace_rate": "1", "trace_count": "-1",
+                        "log_frequency": "0", "trace_mode": "opentelemetry"}  # fmt: skip
+    refused = client.post("/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+    assert_error(refused, 400, "set OTEL_TRACES_EXPORTER")
+    assert "trace" in client.get("/v2").json()["extensions"]
+    assert_error(client.get("/v2/models/nope/trace/setting"), 404, "nope")
+
+
+def test_trace_settings_change_which_requests_are_traced(settings_factory, monkeypatch) -> None:
+    """With an exporter, the settings pick one in trace_rate requests, trace_count of them,
+    per model where a model overrides the server."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")  # nothing printed meanwhile
+    with TestClient(create_app(settings_factory())) as client:
+        plane = client.app.state.dataplane  # type: ignore[attr-defined]
+        picked: list[bool] = []
+        original = plane.trace_settings.pick
+
+        def pick(model: str) -> bool:
+            picked.append(original(model))
+            return picked[-1]
+
+        monkeypatch.setattr(plane.trace_settings, "pick", pick)
+        body = {"instances": DIGITS[:1].tolist()}
+        server = client.post("/v2/trace/setting", json={"trace_rate": "2", "trace_count": "3"})
+        assert server.json()["trace_rate"] == "2" and server.json()["trace_level"] == ["TIMESTAMPS"]
+        for _ in range(8):
+            client.post("/v1/models/digits-mlp:predict", json=body)
+        assert picked == [False, True, False, True, False, True, False, False]
+        assert client.get("/v2/trace/setting").json()["trace_count"] == "0"
+        model = client.post("/v2/models/digits-mlp/trace/setting",
+                            json={"trace_count": "-1", "trace_rate": "1"}).json()  # fmt: skip
+        assert model["trace_count"] == "-1" and model["trace_level"] == ["TIMESTAMPS"]
+        picked.clear()
+        client.post("/v1/models/digits-mlp:predict", json=body)
+        client.post("/v1/models/digits-mlp-tanh:predict", json=body)  # the server's: spent
+        assert picked == [True, False]
+        cleared = client.post("/v2/models/digits-mlp/trace/setting", json={"trace_count": None})
+        assert cleared.json()["trace_count"] == "0"  # the server's again
+        client.post("/v2/trace/setting", json={"trace_level": ["OFF"]})
+        assert client.get("/v2/models/digits-mlp/trace/setting").json()["trace_level"] == ["OFF"]
+        plane.tracing.provider.shutdown = lambda: None  # nothing to print at the end
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"trace_level": ["TENSORS"]}, "TENSORS is not traced here"),
+        ({"trace_rate": "0"}, "trace_rate must be at least 1"),
+        ({"trace_count": "x"}, "trace_count must be an integer"),
+        ({"trace_file": "/tmp/t"}, "unknown trace setting 'trace_file'"),
+        ({"trace_rate": None}, "only a model's setting can be cleared"),
+        ({"trace_mode": "triton"}, "only opentelemetry"),
+    ],
+)
+def test_bad_trace_settings_are_refused(change: dict[str, Any], needle: str) -> None:
+    from service.errors import BadInputError
+
+    settings = TraceSettings(enabled=True)
+    with pytest.raises(BadInputError, match=needle):
+        settings.update(change)
+    assert settings.reply()["trace_rate"] == "1"
+
+
+@pytest.mark.slow
+def test_tritonclient_changes_the_running_servers_tracing(model_repository: Path) -> None:
+    """tritonclient's trace settings over gRPC and HTTP change which requests a running
+    server exports spans for."""
+    from tests.service.grpc.test_grpc import grpc_server
+
+    with otlp_receiver("http/protobuf") as (got, endpoint):
+        servers = grpc_server(model_repository, OTEL_TRACES_EXPORTER="otlp",
+                              OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                              OTEL_BSP_SCHEDULE_DELAY="50")  # fmt: skip
+        _change_tracing(got, servers)
+
+
+def _change_tracing(got: Receiver, servers: Iterator[Any]) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    server = next(servers)
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+        grpc_client = grpcclient.InferenceServerClient(server.address)
+
+        def predict(model: str, times: int) -> None:
+            x = httpclient.InferInput("input", [1, 64], "FP32")
+            x.set_data_from_numpy(DIGITS[:1])
+            for _ in range(times):
+                http.infer(model, [x])
+
+        def traced(model: str) -> int:
+            spans = got.wait(lambda spans: True)
+            return sum(s.kind == s.SPAN_KIND_SERVER and _attributes(s)["triton.model_name"]
+                       == model for s in spans)  # fmt: skip
+
+        answer = grpc_client.update_trace_settings(settings={"trace_rate": "2"}, as_json=True)
+        assert answer["settings"]["trace_rate"]["value"] == ["2"]
+        assert http.get_trace_settings()["trace_rate"] == "2"  # one server, one setting
+        predict("digits-mlp", 4)
+        got.wait(lambda spans: traced("digits-mlp") >= 2)
+        time.sleep(0.3)  # any third would have come by now
+        assert traced("digits-mlp") == 2  # one in two
+        http.update_trace_settings("digits-mlp", {"trace_level": ["OFF"]})
+        assert grpc_client.get_trace_settings("digits-mlp", as_json=True)["settings"][
+            "trace_level"
+        ]["value"] == ["OFF"]
+        predict("digits-mlp", 4)
+        predict("digits-mlp-tanh", 2)
+        got.wait(lambda spans: traced("digits-mlp-tanh") >= 1)
+        time.sleep(0.3)
+        assert traced("digits-mlp") == 2  # off for this model alone
+    finally:
+        next(servers, None)
