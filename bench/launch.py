@@ -114,6 +114,16 @@ def server(
 
 
 @contextmanager
+def otlp_sink(port: int, cpus: str) -> Iterator[Server]:
+    """``bench.otlp_sink`` on ``cpus`` (the client's): it answers the traced servers' exports
+    while they are measured, so it is never paused with the servers not driven."""
+    command = [sys.executable, "-m", "bench.otlp_sink", str(port)]
+    with serve(command, {}, cpus, port, "/ready", settle=0) as started:
+        LIVE.discard(started.pid)
+        yield started
+
+
+@contextmanager
 def floor_as_served(cpus: str, workers: int = 1) -> Iterator[Server]:
     """``bench.floor``'s HTTP floor with the service's own uvicorn protocol and options (and,
     with several workers, its own ``SO_REUSEPORT`` socket each, as the service's)."""

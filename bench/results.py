@@ -47,6 +47,10 @@ ECHO_AS_SERVED = "echo floor, served as the service serves"
 # measure, beside the ratio of batching on and off, which at c=1 run the same path.
 OFF_AGAIN = "v1 predict, batching off, a second server"
 
+# The batching-on server with OpenTelemetry on, exporting over OTLP to bench.otlp_sink, its
+# sampler keeping 1 % and every one of the spans: what tracing costs (off is "batching on").
+TRACED = {"0.01": "v1 predict, traced 1 %", "1.0": "v1 predict, traced 100 %"}
+
 
 @dataclass
 class Results:

@@ -33,6 +33,7 @@ from bench.launch import (
     floor_as_served,
     free_port,
     grpc_floor,
+    otlp_sink,
     peers,
     serve,
     server,
@@ -64,6 +65,7 @@ from bench.results import (
     PEER_BENTOML,
     PEER_MLSERVER,
     SMALL,
+    TRACED,
     TWO_WORKERS,
     TWO_WORKERS_OFF,
     Results,
@@ -118,6 +120,8 @@ class Run:
             {**self.base_env, "GELU_BATCHING": flag} for flag in ("true", "false")
         )
         self.naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
+        self.sink_port = free_port()  # bench.otlp_sink, for the traced servers' spans
+        self.client_cpus = self.every_cpu if args.client_cpu is None else str(args.client_cpu)
         self.host = HostSpeed(cpu_list(self.every_cpu))
         self.scenarios: list[Scenario] = []  # the order the report lists them in
 
@@ -136,6 +140,17 @@ class Run:
             f"steal {row['steal_cores']:.2f}  probe {probe_text(row) or '?'} ms",
             flush=True,
         )
+
+    def traced_env(self, ratio: str) -> dict[str, str]:
+        """Batching on, with OpenTelemetry sampling ``ratio`` of the requests into the sink."""
+        return {
+            **self.on_env,
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.sink_port}",
+            "OTEL_TRACES_SAMPLER": "traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": ratio,
+        }
 
     def paired(
         self, on: Server, off: Server, again: Server
@@ -193,6 +208,7 @@ class Run:
             floor_as_served(cpus) as floor_served,
             server("bench.naive:create_app", self.naive_env, 1, cpus, "/ready") as naive,
             grpc_floor(cpus) as floor_grpc,
+            otlp_sink(self.sink_port, self.client_cpus),
         ):
             alone = [
                 (HTTP_FLOOR, floor, self.floor_request),
@@ -223,11 +239,18 @@ class Run:
         """
         args, activation = self.args, self.activation
         with ExitStack() as stack:
-            states = (self.on_env, self.off_env, self.off_env)  # batching on, off, off again
+            # Batching on, off, off again, and on with tracing at each sampler ratio.
+            states = [self.on_env, self.off_env, self.off_env]
+            states += [self.traced_env(ratio) for ratio in TRACED]
             ready = "/v2/health/ready"
             arguments = [(SERVICE_APP, env, 1, args.server_cpus, ready) for env in states]
-            on, off, again = started_in_turn(arguments, round_index, stack)
+            on, off, again, *traced = started_in_turn(arguments, round_index, stack)
             pairs, listed = self.paired(on, off, again)
+            # Tracing's rows beside the untraced batching-on row they are read against.
+            tracing = [(name, target, self.small["v1"])
+                       for name, target in zip(TRACED.values(), traced, strict=True)]  # fmt: skip
+            pairs.append(tracing)
+            listed += tracing
             self.scenarios = alone + listed
             self.warm(listed)
             driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)
