@@ -38,6 +38,7 @@ from service.grpc import inference_pb2_grpc as pb_grpc
 from service.logs import (
     REQUEST_ID_HEADER,
     access,
+    adopt_request_id,
     checked_request_id,
     new_request_id,
     request_id,
@@ -210,7 +211,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelMetadata", context, metadata, request.name)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        trace = None if self.plane.tracing is None else self._begin_trace(request, context)
+        trace = None
+        if self.plane.tracing is not None:
+            trace = self._begin_trace(request, dict(context.invocation_metadata() or ()))
         infer = self._infer(request, trace)
         return await self._call("ModelInfer", context, infer, request.model_name, trace)
 
@@ -282,18 +285,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             trace.since("encode", began)
         return response
 
-    def _begin_trace(self, request: Any, context: Any) -> RequestTrace | None:
-        """A ModelInfer call's trace, if Triton's trace settings pick it: a span under the
+    def _begin_trace(
+        self, request: Any, carrier: dict[str, str], method: str = "ModelInfer"
+    ) -> RequestTrace | None:
+        """An inference request's trace, if Triton's trace settings pick it: a span under the
         caller's ``traceparent`` metadata, named as OpenTelemetry's RPC conventions name it."""
         name = request.model_name
         model = name if name and self.plane.knows_model(name) else ""
         tracing = self.plane.tracing
         if tracing is None or not self.plane.trace_settings.pick(model):
             return None
-        carrier = dict(context.invocation_metadata() or ())
-        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer",
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
                       "triton.model_name": model}  # fmt: skip
-        return tracing.begin(f"{SERVICE}/ModelInfer", carrier, time.perf_counter_ns(), attributes)
+        return tracing.begin(f"{SERVICE}/{method}", carrier, time.perf_counter_ns(), attributes)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Triton's streaming inference: ``stream_answers``, each written as it comes."""
@@ -324,7 +328,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         end_on_failure = metadata.get("triton_grpc_error", "").lower() == "true"
         window = Window(STREAM_WINDOW, self.plane.settings.max_body_bytes)
         started: Started = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, window, started))
+        reader = asyncio.create_task(self._read_stream(requests, window, started, metadata))
         try:
             while (item := await started.get()) is not None:
                 task, size, request_id = item
@@ -350,16 +354,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         requests: AsyncIterator[Any],
         window: Window,
         started: Started,
+        metadata: dict[str, str],
     ) -> None:
         """Start each request read on the core, within the window; None once the client is done."""
         try:
             async for request in requests:
                 size = request.ByteSize()
                 await window.take(size)
-                answer = self._answer("ModelStreamInfer", self._infer(request), request.model_name)
+                answer = self._answer_streamed(request, metadata)
                 started.put_nowait((asyncio.create_task(answer), size, request.id))
         finally:
             started.put_nowait(None)
+
+    async def _answer_streamed(self, request: Any, metadata: dict[str, str]) -> Any:
+        """One streamed request's answer, under its own request id (its V2 ``id`` where it
+        has a safe one) and, if picked, its own trace under the call's ``traceparent``."""
+        request_id.set(new_request_id())
+        if request.id:
+            adopt_request_id(request.id)
+        trace = None
+        if self.plane.tracing is not None:
+            trace = self._begin_trace(request, metadata, "ModelStreamInfer")
+        infer = self._infer(request, trace)
+        return await self._answer("ModelStreamInfer", infer, request.model_name, trace)
 
     # ---- Triton's extensions ---------------------------------------------------------------------
 

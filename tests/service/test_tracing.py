@@ -164,6 +164,12 @@ def test_spans_reach_an_otlp_receiver_from_both_faces(
         x = grpcclient.InferInput("input", [1, 64], "FP32")
         x.set_data_from_numpy(np.ascontiguousarray(DIGITS[:1]))
         client.infer("digits-mlp", [x], headers={"traceparent": parent})
+        streamed: list[Any] = []
+        client.start_stream(lambda result, error: streamed.append(error or result),
+                            headers={"traceparent": parent})  # fmt: skip
+        client.async_stream_infer("digits-mlp", [x], request_id="s-1")
+        client.stop_stream()
+        assert len(streamed) == 1 and not isinstance(streamed[0], Exception)
         scraped = _scrape(server.http_port)  # before other requests replace the exemplars
         # Many at once, each its own trace: some share a run.
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -175,7 +181,7 @@ def test_spans_reach_an_otlp_receiver_from_both_faces(
         assert all(status == 200 for status, _ in answers)
         spans = got.wait(
             lambda spans: (
-                sum(s.kind == s.SPAN_KIND_SERVER for s in spans) >= 66
+                sum(s.kind == s.SPAN_KIND_SERVER for s in spans) >= 67
                 and any(s.name == "batch" for s in spans)
             )
         )
@@ -187,7 +193,9 @@ def test_spans_reach_an_otlp_receiver_from_both_faces(
     ]
     (http_span,) = [s for s in by_caller if s.name == "POST /v1/models/{name}:predict"]
     (grpc_span,) = [s for s in by_caller if s.name == "inference.GRPCInferenceService/ModelInfer"]
-    for span in (http_span, grpc_span):
+    (stream_span,) = [s for s in by_caller if s.name.endswith("/ModelStreamInfer")]
+    assert _attributes(stream_span)["gelu.request_id"] == "s-1"  # the streamed request's id
+    for span in (http_span, grpc_span, stream_span):
         assert span.parent_span_id.hex() == CALLER_SPAN  # under the caller's span
         children = _children(spans, span)
         assert set(children) == STAGES
