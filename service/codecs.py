@@ -349,12 +349,10 @@ def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise BadInputError(
-                f"{HEADER_LENGTH} must be an integer, got {header_length!r}"
-            ) from None
+        length = client_size(header_length.strip().encode("latin-1"))
+        if length is None:
+            shown = header_length if len(header_length) <= 40 else header_length[:37] + "..."
+            raise BadInputError(f"{HEADER_LENGTH} must be an integer, got {shown!r}")
         if not 0 < length <= len(body):
             raise BadInputError(f"{HEADER_LENGTH} {length} is outside the body's {len(body)} bytes")
         header, binary = body[:length], memoryview(body)[length:]
@@ -434,12 +432,30 @@ def encode_v2(result: InferenceResult) -> tuple[bytes, Headers]:
 # ---- activations ----------------------------------------------------------------------------
 
 
+def client_size(value: bytes) -> int | None:
+    """A non-negative decimal a client sent (a header's bytes), or None if it is not one; one
+    of more than 18 significant digits reads as 2**62, above every limit, without ``int()``
+    (which refuses over 4,300 digits with a ValueError)."""
+    if not value.isdigit():
+        return None
+    value = value.lstrip(b"0") or b"0"
+    return int(value) if len(value) <= 18 else 1 << 62
+
+
 def parse_shape(text: str, what: str) -> tuple[int, ...]:
     """``"2,3"`` or ``"2x3"`` -> (2, 3), within the limits of ``check_shape``; an empty
     dimension (``"2,,3"``) is refused."""
-    parts = text.replace("x", ",").split(",")
-    if not all(p.isascii() and p.strip().isdigit() for p in parts):
-        raise BadInputError(f"{what} must be comma-separated integers (non-negative), got {text!r}")
+    parts = [p.strip().lstrip("0") or "0" for p in text.replace("x", ",").split(",")]
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise BadInputError(
+            f"{what} must be comma-separated integers (non-negative), got {shown!r}"
+        )
+    if len(parts) > MAX_DIMS or any(len(p) > len(str(MAX_DIM)) for p in parts):
+        # Before int(): Python refuses to convert over 4,300 digits, with a ValueError.
+        raise BadInputError(
+            f"{what} {shown!r}: at most {MAX_DIMS} dimensions, each at most {MAX_DIM}"
+        )
     return tuple(check_shape([int(p) for p in parts], what))
 
 

@@ -122,10 +122,11 @@ class BodyLimits:
                 binary = binary or value.startswith(b"application/octet-stream")
             elif key == codecs.HEADER_LENGTH_KEY:
                 binary = True
-                if value.isdigit() and int(value) > self.max_json_bytes:
-                    raise self._too_large(int(value), "JSON header")
+                header = codecs.client_size(value)
+                if header is not None and header > self.max_json_bytes:
+                    raise self._too_large(header, "JSON header")
             elif key == b"content-length":
-                length = int(value) if value.isdigit() else None
+                length = codecs.client_size(value)
             elif key == b"content-encoding" and value.lower() != b"identity":
                 encoding = value.lower()
         limit = self.max_bytes if binary else self.max_json_bytes
@@ -164,8 +165,9 @@ class BodyLimits:
 
     def _too_large(self, size: int, what: str, limit: int | None = None) -> PayloadTooLargeError:
         variable = "GELU_MAX_BODY_BYTES" if what == "body" else self.json_variable
+        amount = f"{size} bytes" if size < 1 << 62 else "over 10**18 bytes"
         return PayloadTooLargeError(
-            f"{what} of {size} bytes is above the maximum of {limit or self.max_json_bytes} "
+            f"{what} of {amount} is above the maximum of {limit or self.max_json_bytes} "
             f"({variable})"
         )
 

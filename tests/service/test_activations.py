@@ -537,14 +537,23 @@ def test_binary_shape_from_header_or_query(client) -> None:
         (b"\x00" * 7, {}, 400, "not whole float32 values"),
         (b"\x00" * 8, {"X-Shape": "3"}, 400, "shape [3] needs 3 values; body holds 2"),
         (b"\x00" * 8, {"X-Shape": "a,b"}, 400, "comma-separated integers"),
+        (b"\x00" * 8, {"X-Shape": "9" * 5000}, 400, "each at most 2147483647"),  # no int()
+        (b"\x00" * 8, {"X-Shape": "0" * 4999 + "2"}, 200, ""),  # leading zeros: a 2
+        (b"\x00" * 8, {"X-Shape": ",".join(["1"] * 33)}, 400, "at most 32 dimensions"),
         (b"\x00" * 400_004, {}, 413, "100001 values is above the maximum"),
     ],
 )
 def test_bad_binary_bodies(client, content, headers, status, needle) -> None:
     headers = {"Content-Type": "application/octet-stream", **headers}
-    assert_error(
-        client.post("/v1/activations/gelu", content=content, headers=headers), status, needle
-    )
+    response = client.post("/v1/activations/gelu", content=content, headers=headers)
+    if status == 200:
+        assert response.status_code == 200, response.text
+        return
+    assert_error(response, status, needle)
+    # The query parameter is read as the header is.
+    if "X-Shape" in headers:
+        query = f"/v1/activations/gelu?shape={headers.pop('X-Shape')}"
+        assert_error(client.post(query, content=content, headers=headers), status, needle)
 
 
 def test_every_contract_activation_is_defined_once() -> None:

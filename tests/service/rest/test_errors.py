@@ -220,6 +220,20 @@ def test_binary_payload_that_does_not_match_its_shape(
     assert_error(client.post(V2, content=content, headers=headers), 400, needle)
 
 
+@pytest.mark.parametrize(
+    ("header_length", "status", "needle"),
+    [
+        ("9" * 5000, 413, "JSON header of over 10**18 bytes is above the maximum"),
+        ("-" + "9" * 5000, 400, "must be an integer, got '-999"),
+    ],
+)
+def test_numbers_past_pythons_digit_limit_are_a_4xx(client, header_length, status, needle) -> None:
+    """Over 4,300 digits, Python's int() raises: every such header is read without it."""
+    content, headers = _binary_case(DIGITS[:2], None, b"")
+    headers["Inference-Header-Content-Length"] = header_length
+    assert_error(client.post(V2, content=content, headers=headers), status, needle)
+
+
 def test_truncated_binary_payload(client) -> None:
     content, headers = binary_request(DIGITS[:2])
     assert_error(client.post(V2, content=content[:-8], headers=headers), 400, "binary data ends")
