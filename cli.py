@@ -70,6 +70,46 @@ def serve(args: argparse.Namespace) -> None:
     run_server(args.host, args.port, workers, settings)
 
 
+def health_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``health`` subcommand's options."""
+    parser.add_argument("--port", type=int, default=8000, help="the local port (default: 8000)")
+    parser.add_argument("--path", default="/v2/health/ready", help="default: /v2/health/ready")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds (default: 2)")
+
+
+def health(args: argparse.Namespace) -> None:
+    """Exit 0 when the service on this host answers 200 at ``--path``, else 1: a probe for
+    Docker's HEALTHCHECK and Kubernetes' exec probes that works under TLS and mutual TLS. It
+    speaks TLS when GELU_TLS_CERT_FILE is set, without verifying the certificate (it talks to
+    127.0.0.1, its own container or pod), and presents GELU_TLS_PROBE_CERT_FILE if set."""
+    import http.client
+    import ssl
+
+    from service.settings import load_settings
+
+    settings = load_settings()
+    if settings.tls_cert_file is None:
+        connection = http.client.HTTPConnection("127.0.0.1", args.port, timeout=args.timeout)
+    else:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if settings.tls_probe_cert_file is not None:
+            context.load_cert_chain(settings.tls_probe_cert_file)
+        connection = http.client.HTTPSConnection(
+            "127.0.0.1", args.port, timeout=args.timeout, context=context
+        )
+    try:
+        connection.request("GET", args.path)
+        status = connection.getresponse().status
+    except OSError as exc:
+        print(f"gelu-serve health: {exc}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        connection.close()
+    sys.exit(0 if status == 200 else 1)
+
+
 SUBCOMMANDS = {
     "train": Subcommand(
         "train a GELU network and write a checkpoint",
@@ -92,6 +132,11 @@ SUBCOMMANDS = {
         "models.paper:run",
     ),
     "serve": Subcommand("serve the model repository over HTTP", "cli:serve_arguments", "cli:serve"),
+    "health": Subcommand(
+        "exit 0 when the local service is ready (a probe; TLS and mutual TLS as configured)",
+        "cli:health_arguments",
+        "cli:health",
+    ),
     "bench": Subcommand(
         "benchmark the inference path against the HTTP and compute floors",
         "bench.arguments:add_arguments",

@@ -6,10 +6,9 @@ may call them. A handler of its own over the live repository (as MLServer's
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Iterable
 
-from service.errors import BadInputError, ModelLoadError, NotReadyError, UnauthorizedError
+from service.errors import BadInputError, ModelLoadError, NotReadyError
 from service.repository import ModelRepository
 from service.settings import Settings
 
@@ -27,18 +26,6 @@ class ModelControl:
     def __init__(self, settings: Settings, repository: Callable[[], ModelRepository]) -> None:
         self.settings = settings
         self._repository = repository
-
-    def authorize(self, authorization: str | None) -> None:
-        """401 unless ``authorization`` is ``Bearer <GELU_CONTROL_TOKEN>`` (when one is set)."""
-        token = self.settings.control_token
-        if token is None:
-            return
-        expected = f"Bearer {token.get_secret_value()}".encode()
-        if not hmac.compare_digest((authorization or "").encode(), expected):
-            raise UnauthorizedError(
-                "the repository API is restricted: send 'Authorization: Bearer <token>' "
-                "with the GELU_CONTROL_TOKEN"
-            )
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the repository with its versions' states and reasons."""

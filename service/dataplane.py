@@ -26,6 +26,7 @@ import numpy as np
 
 from service import __version__
 from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
+from service.auth import Restrictions
 from service.batching import Deadline, timed_infer
 from service.codecs import cast
 from service.control import ModelControl
@@ -123,6 +124,8 @@ class DataPlane:
         self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
         self.control = ModelControl(settings, self._repository)  # the repository extension
         self.logs = LOGS  # the logging extension: the process's, configured as the app starts
+        # Credentials by route class (GELU_RESTRICTED_API, GELU_CONTROL_TOKEN); None: all open.
+        self.restrictions = Restrictions.from_settings(settings)
         self.tracing: Tracing | None = None  # OpenTelemetry, when OTEL_TRACES_EXPORTER asks
         self.trace_settings = TraceSettings(enabled=False)  # Triton's trace extension
 

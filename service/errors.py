@@ -48,6 +48,12 @@ class UnauthorizedError(ServiceError):
     status_code = 401
 
 
+class ForbiddenError(ServiceError):
+    """Credentials that are valid, but not for this operation."""
+
+    status_code = 403
+
+
 class PayloadTooLargeError(ServiceError):
     """The body, batch or array is above a configured maximum."""
 

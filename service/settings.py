@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Short names accepted in GELU_PROVIDERS, and the onnxruntime execution providers they mean.
@@ -104,6 +104,28 @@ class Settings(BaseSettings):
         None,
         description="Address the gRPC face binds; unset: the HTTP face's (`gelu-serve serve "
         "--host`), else 127.0.0.1.",
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate (chain) both faces serve TLS with; unset: plaintext. "
+        "Replaced files are read again while serving (HTTP within a second, gRPC at the next "
+        "handshake).",
+    )
+    tls_key_file: Path | None = Field(
+        None, description="PEM private key of GELU_TLS_CERT_FILE (both, or neither)."
+    )
+    tls_client_ca_file: Path | None = Field(
+        None, description="PEM CA(s) whose client certificates are accepted (mutual TLS)."
+    )
+    tls_client_auth: Literal["none", "optional", "required"] = Field(
+        "none",
+        description="Client certificates: none asked; optional (checked when sent); required "
+        "(a handshake without one fails). optional and required need GELU_TLS_CLIENT_CA_FILE.",
+    )
+    tls_probe_cert_file: Path | None = Field(
+        None,
+        description="A client certificate and its key (one PEM) that `gelu-serve health` "
+        "presents, for health probes under GELU_TLS_CLIENT_AUTH=required.",
     )
     max_body_bytes: int = Field(
         64 * MIB,
@@ -222,9 +244,18 @@ class Settings(BaseSettings):
     )
     control_token: SecretStr | None = Field(
         None,
-        description="When set, the repository API (index, load, unload) needs the header "
-        "'Authorization: Bearer <token>' (401 without it), as Triton's --http-restricted-api; "
-        "unset, any client that reaches the port may load and unload models.",
+        description="When set, the repository, trace and logging APIs need the header "
+        "'Authorization: Bearer <token>' (401 without it), unless GELU_RESTRICTED_API "
+        "restricts them otherwise; unset, any client that reaches the port may load and "
+        "unload models.",
+    )
+    restricted_api: SecretStr | None = Field(
+        None,
+        description="Route classes restricted to a header carrying a key, as Triton's "
+        "--http-restricted-api, on both faces: ';'-separated groups "
+        "'<class>[,<class>]:<header>=<key>[|<key>]', a key being file:PATH (a key per line), "
+        "env:NAME or itself. Classes: inference, metadata, health, metrics, model-repository, "
+        "statistics, trace, logging. 401 without a key, 403 with another class's.",
     )
     strict_model_config: bool = Field(
         False,
@@ -286,6 +317,25 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("GELU_TLS_CERT_FILE and GELU_TLS_KEY_FILE: set both, or neither")
+        if self.tls_client_auth != "none" and self.tls_client_ca_file is None:
+            raise ValueError(
+                f"GELU_TLS_CLIENT_AUTH={self.tls_client_auth} needs GELU_TLS_CLIENT_CA_FILE"
+            )
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("GELU_TLS_CLIENT_CA_FILE needs GELU_TLS_CERT_FILE and _KEY_FILE")
+        if self.restricted_api is not None:
+            from service.auth import parse  # the keys are read here: a bad source stops start-up
+
+            parse(self.restricted_api.get_secret_value())
+        for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path}: no such file (GELU_TLS_*)")
+        return self
 
     @field_validator("providers", mode="before")
     @classmethod
@@ -373,5 +423,6 @@ def load_settings(**overrides: object) -> Settings:
             name = Settings.variable(field) if field in Settings.model_fields else field
             value = os.environ.get(name, error.get("input"))
             message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{name}={value}: {message}")
+            # A check of several settings together names its variables in its message.
+            problems.append(f"{name}={value}: {message}" if field else message)
         raise SettingsError("; ".join(problems)) from None

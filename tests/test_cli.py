@@ -19,6 +19,7 @@ OPTIONS = {
     "models": "--table",
     "paper": "--full",
     "serve": "--workers",
+    "health": "--path",
     "bench": "--concurrency",
 }
 RUN_CLI = "import cli; cli.main(sys.argv[1:])"
@@ -57,7 +58,7 @@ def test_every_subcommand_has_help_without_torch(command: str) -> None:
 def test_no_subcommand_prints_usage_listing_every_subcommand() -> None:
     result = gelu_serve()
     assert result.returncode == 2
-    assert "{train,export,models,paper,serve,bench}" in result.stdout
+    assert "{train,export,models,paper,serve,health,bench}" in result.stdout
     assert set(OPTIONS) == set(SUBCOMMANDS)
 
 

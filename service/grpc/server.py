@@ -24,6 +24,8 @@ from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from service.auth import GRPC as GRPC_CLASSES
+from service.auth import Restrictions
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
@@ -44,6 +46,7 @@ from service.logs import (
     request_id,
     wants_access,
 )
+from service.tls import TlsFiles
 from service.tracing import RequestTrace
 
 logger = logging.getLogger("gelu_serve")
@@ -53,6 +56,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
@@ -389,7 +393,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     async def _trace_setting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
-        self._authorize(context)
         model = request.model_name or None
         if model is not None:
             self.plane.model_info(model)  # 404 for a model the repository does not serve
@@ -405,7 +408,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return reply
 
     async def _log_settings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
-        self._authorize(context)
         changes = {
             name: getattr(value, value.WhichOneof("parameter_choice"))
             for name, value in request.settings.items()
@@ -420,23 +422,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return reply
 
     async def _index(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        self._authorize(context)
         models = self.plane.control.index(request.ready)
         return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
 
     async def _load(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
-        self._authorize(context)
         await self.plane.control.load(request.model_name, request.parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def _unload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
-        self._authorize(context)
         await self.plane.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
-
-    def _authorize(self, context: Any) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        self.plane.control.authorize(metadata.get("authorization"))
 
 
 async def _abort(
@@ -517,6 +512,52 @@ class ReadWithin(grpc.aio.ServerInterceptor):
         return read_then_answer
 
 
+class Restrict(grpc.aio.ServerInterceptor):
+    """Each call checked against GELU_RESTRICTED_API's classes (``service.auth``), from its
+    metadata, before its method runs: UNAUTHENTICATED or PERMISSION_DENIED otherwise."""
+
+    def __init__(self, restrictions: Restrictions) -> None:
+        self.restrictions = restrictions
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        route_class = GRPC_CLASSES.get(details.method.rsplit("/", 1)[-1], "metadata")
+        if handler is None or not self.restrictions.restricts(route_class):
+            return handler
+        metadata = {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
+        try:
+            self.restrictions.check(route_class, metadata)
+        except ServiceError as exc:
+            return _refusal(handler, STATUS_CODES[exc.status_code], exc.message)
+        return handler
+
+
+def _refusal(
+    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s kind that ends the call with ``code``, reading nothing."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _abort(context, code, message)
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 class GrpcServer:
     """grpcio's asyncio server with the inference service, health and reflection."""
 
@@ -542,9 +583,12 @@ class GrpcServer:
         ]
         # One HTTP/2 connection carries many calls: as many in flight as HTTP's connections
         # can carry requests; one more gets RESOURCE_EXHAUSTED before its message is read.
+        interceptors: list[grpc.aio.ServerInterceptor] = [ReadWithin(limits.body_timeout_seconds)]
+        if plane.restrictions is not None:
+            interceptors.insert(0, Restrict(plane.restrictions))
         self._server = grpc.aio.server(
             options=options,
-            interceptors=[ReadWithin(limits.body_timeout_seconds)],
+            interceptors=interceptors,
             maximum_concurrent_rpcs=limits.max_connections,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self._server)
@@ -554,8 +598,12 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (*names, reflection.SERVICE_NAME), self._server, pool=reflection_pool()
         )
+        tls = TlsFiles.from_settings(limits)
         try:
-            self.port = self._server.add_insecure_port(address)
+            if tls is None:
+                self.port = self._server.add_insecure_port(address)
+            else:
+                self.port = self._server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError as exc:
             raise StartupError(f"gRPC: cannot bind {address} (GELU_GRPC_PORT): {exc}") from None
 

@@ -128,6 +128,7 @@ def create_app(
         metrics=plane.metrics,
         known=plane.knows_model,
         access_log=settings.access_log,
+        restrictions=plane.restrictions,
     )
     # The routers are included without a prefix: their routes' paths are the app's.
     direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]

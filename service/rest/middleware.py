@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from service import codecs
+from service.auth import Restrictions, http_class
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
     BadInputError,
@@ -292,11 +293,13 @@ class MetricsMiddleware:
         metrics: Metrics,
         known: Callable[[str], bool],
         access_log: bool = False,
+        restrictions: Restrictions | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.known = known  # only a model the repository holds becomes a label value
         self.access_log = access_log
+        self.restrictions = restrictions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -316,7 +319,10 @@ class MetricsMiddleware:
         try:
             try:
                 start_request_id(scope)
-            except BadInputError as exc:
+                if self.restrictions is not None:
+                    route_class = http_class(scope["method"], scope["path"])
+                    self.restrictions.check(route_class, request_headers(scope))
+            except ServiceError as exc:
                 await send_error(send_status, exc)
                 return
             await self.app(scope, receive, send_status)
@@ -343,6 +349,11 @@ def start_request_id(scope: Scope) -> None:
     except BadInputError:
         request_id.set(new_request_id())
         raise
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (the last of a repeated one)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 def request_id_header() -> tuple[bytes, bytes]:

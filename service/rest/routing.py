@@ -40,6 +40,7 @@ from service.rest.middleware import (
     Send,
     handle_error,
     record_request,
+    request_headers,
     request_id_header,
     start_request_id,
 )
@@ -123,6 +124,7 @@ class DirectRoutes:
         self._metrics, self._known = plane.metrics, plane.knows_model
         self._access_log = settings.access_log
         self._plane = plane
+        self._restrictions = plane.restrictions
 
     def match(self, scope: Scope) -> bool:
         """Whether a direct route serves this request; if so, the scope now says which."""
@@ -144,6 +146,8 @@ class DirectRoutes:
             request = Request(scope, receive)
             try:
                 start_request_id(scope)
+                if self._restrictions is not None:
+                    self._restrictions.check("inference", request_headers(scope))
                 admitted = await self._limits.admit(scope, receive)
                 if admitted is not receive:
                     request = Request(scope, admitted)

@@ -20,6 +20,7 @@ import uvicorn
 
 from service.rest.connection import ConnectionLimits
 from service.settings import Settings
+from service.tls import TlsFiles
 
 logger = logging.getLogger("gelu_serve")
 
@@ -65,6 +66,7 @@ def http_server(
 ) -> GracefulServer:
     """A uvicorn server of ``app`` on ``host:port`` with the service's connection limits;
     ``drain`` turns readiness off when SIGTERM's drain begins."""
+    tls = TlsFiles.from_settings(settings)
     config = uvicorn.Config(
         app,
         host=host,
@@ -73,8 +75,13 @@ def http_server(
         # A backstop: GracefulServer closes what is left at graceful_shutdown_seconds.
         timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
         **http_options(settings),
+        **(tls.uvicorn_options() if tls else {}),
     )
-    return GracefulServer(config, drain, settings.drain_seconds, settings.graceful_shutdown_seconds)
+    server = GracefulServer(
+        config, drain, settings.drain_seconds, settings.graceful_shutdown_seconds
+    )
+    server.tls = tls
+    return server
 
 
 class GracefulServer(uvicorn.Server):
@@ -101,6 +108,12 @@ class GracefulServer(uvicorn.Server):
         self._drain_seconds = drain_seconds
         self._graceful_seconds = graceful_seconds
         self._drain_until: float | None = None
+        self.tls: TlsFiles | None = None  # read again when replaced, while serving
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.tls is not None and self.config.ssl is not None:
+            self.tls.harden(self.config.ssl)  # uvicorn made it from the files: TLS 1.2 and up
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -134,6 +147,9 @@ class GracefulServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
             return True
+        # uvicorn ticks every 0.1 s: replaced certificate files are looked for every second.
+        if self.tls is not None and self.config.ssl is not None and counter % 10 == 0:
+            self.tls.reload(self.config.ssl)
         return await super().on_tick(counter)
 
     @contextlib.contextmanager

@@ -7,7 +7,6 @@ import time
 from fastapi import APIRouter, Request, Response
 
 from service import codecs
-from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.logs import adopt_request_id
 from service.rest.middleware import REQUEST_ID_GIVEN, SERVED_VERSION, TRACE
@@ -155,13 +154,6 @@ add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=r
 # ---- Triton's model repository extension ------------------------------------------------------
 
 
-def authorized_plane(request: Request) -> DataPlane:
-    """The data plane, once the request may use the repository API (401 if not)."""
-    plane = get_plane(request)
-    plane.control.authorize(request.headers.get("authorization"))
-    return plane
-
-
 @router.post(
     "/v2/repository/index",
     response_model=list[RepositoryIndexEntry],
@@ -171,7 +163,7 @@ def authorized_plane(request: Request) -> DataPlane:
 )
 async def repository_index(request: Request) -> Response:
     """Every model in the repository, each version's state and the reason it is unavailable."""
-    plane, shape = authorized_plane(request), '{"ready": true|false}'
+    plane, shape = get_plane(request), '{"ready": true|false}'
     ready = (await _optional_object(request, shape)).get("ready", False)
     if not isinstance(ready, bool):
         raise BadInputError(f"body must be a JSON object {shape}")
@@ -187,7 +179,7 @@ async def repository_index(request: Request) -> Response:
 async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
-    plane = authorized_plane(request)
+    plane = get_plane(request)
     await plane.control.load(name, await _control_parameters(request))
     return _json({})
 
@@ -200,7 +192,7 @@ async def load_model(name: str, request: Request) -> Response:
 )
 async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
-    plane = authorized_plane(request)
+    plane = get_plane(request)
     await _control_parameters(request)  # unload_dependents: no model here has dependents
     await plane.control.unload(name)
     return _json({})
@@ -231,13 +223,13 @@ async def _optional_object(request: Request, shape: str) -> dict[str, object]:
 async def log_settings(request: Request) -> Response:
     """This process's log settings: log_info, log_warning, log_error, log_verbose_level,
     log_format (default, ISO8601 or json) and log_file (always standard error)."""
-    return _json(authorized_plane(request).logs.settings())
+    return _json(get_plane(request).logs.settings())
 
 
 @router.post("/v2/logging", responses=responses(400, 401), tags=["Logging (Triton)"])
 async def update_log_settings(request: Request) -> Response:
     """Change some of the log settings, from the next log line on; the settings now."""
-    plane, shape = authorized_plane(request), '{"log_info": true, ...}'
+    plane, shape = get_plane(request), '{"log_info": true, ...}'
     return _json(plane.logs.update(await _optional_object(request, shape)))
 
 
@@ -247,13 +239,13 @@ async def update_log_settings(request: Request) -> Response:
 @router.get("/v2/trace/setting", responses=responses(401), tags=["Trace (Triton)"])
 async def trace_settings(request: Request) -> Response:
     """The server's trace settings: trace_level, trace_rate, trace_count, log_frequency."""
-    return _json(authorized_plane(request).trace_settings.reply())
+    return _json(get_plane(request).trace_settings.reply())
 
 
 @router.post("/v2/trace/setting", responses=responses(400, 401), tags=["Trace (Triton)"])
 async def update_trace_settings(request: Request) -> Response:
     """Change some of the server's trace settings, from the next request on."""
-    plane, shape = authorized_plane(request), '{"trace_level": ["TIMESTAMPS"], ...}'
+    plane, shape = get_plane(request), '{"trace_level": ["TIMESTAMPS"], ...}'
     return _json(plane.trace_settings.update(await _optional_object(request, shape)))
 
 
@@ -261,7 +253,7 @@ async def update_trace_settings(request: Request) -> Response:
             tags=["Trace (Triton)"])  # fmt: skip
 async def model_trace_settings(name: str, request: Request) -> Response:
     """The trace settings in force for one model (its own, else the server's)."""
-    plane = authorized_plane(request)
+    plane = get_plane(request)
     plane.model_info(name)  # 404 for a model the repository does not serve
     return _json(plane.trace_settings.reply(name))
 
@@ -270,6 +262,6 @@ async def model_trace_settings(name: str, request: Request) -> Response:
              tags=["Trace (Triton)"])  # fmt: skip
 async def update_model_trace_settings(name: str, request: Request) -> Response:
     """Change one model's own trace settings (null: the server's again)."""
-    plane, shape = authorized_plane(request), '{"trace_rate": "10", ...}'
+    plane, shape = get_plane(request), '{"trace_rate": "10", ...}'
     plane.model_info(name)
     return _json(plane.trace_settings.update(await _optional_object(request, shape), name))

@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from subprocess import Popen
 from typing import Any, cast
 
 import numpy as np
@@ -42,10 +43,18 @@ PREDICT = "/v1/models/digits-mlp:predict"
 PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
 
 
-@contextmanager
-def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+def running(repository: Path, **env: str) -> AbstractContextManager[tuple[int, Popen[str]]]:
     """``gelu-serve serve`` on a free port, ready; stopped with SIGTERM afterwards (if still
     running), its output checked for tracebacks."""
+    return probed(repository, None, env)
+
+
+@contextmanager
+def probed(
+    repository: Path, probe: Callable[[int], int] | None, env: dict[str, str]
+) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """``running``, ready when ``probe(port)`` answers 200 (None: a plaintext GET of
+    readiness)."""
     port = free_port()
     environment = {
         **os.environ,
@@ -60,7 +69,7 @@ def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Pope
         cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        wait_ready(port, process)
+        wait_ready(port, process, probe)
         yield port, process
     finally:
         if process.poll() is None:
@@ -70,12 +79,15 @@ def running(repository: Path, **env: str) -> Iterator[tuple[int, subprocess.Pope
         assert "Traceback" not in output, output
 
 
-def wait_ready(port: int, process: subprocess.Popen[str]) -> None:
+def wait_ready(
+    port: int, process: subprocess.Popen[str], probe: Callable[[int], int] | None = None
+) -> None:
+    probe = probe or (lambda port: get(port, "/v2/health/ready")[0])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
         try:
-            if get(port, "/v2/health/ready")[0] == 200:
+            if probe(port) == 200:
                 return
         except OSError:
             pass
