@@ -51,7 +51,7 @@ FROM base AS venv
 COPY wheels/ /wheels/
 COPY --from=build /dist/ /dist/
 RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install "$(ls /dist/gelu_serve-*.whl)[cpu]" \
+    && /opt/venv/bin/pip install "$(ls /dist/gelu_serve-*.whl)[cpu,signing]" \
     && /opt/venv/bin/pip uninstall --yes pip
 
 # Locust against the service (docker-compose's `loadtest` profile).

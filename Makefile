@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -e '.[cpu,train,dev,bench,ray]'
+	$(BIN)/pip install --quiet --no-compile -e '.[cpu,train,dev,bench,ray,signing]'
 	touch $@
 
 # wrk (Debian) drives the benchmark and its smoke test in `make test`; valgrind counts the

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-wheels}
 python=${PYTHON:-python3}
-extras=${EXTRAS:-cpu,train}
+extras=${EXTRAS:-cpu,train,signing}
 # shellcheck disable=SC2086
 "$python" -m pip download --quiet --dest "$dest" ${PIP_DOWNLOAD_ARGS:-} \
     ".[${extras}]" "locust>=2.20" setuptools wheel 2> >(grep -v "^WARNING: Location" >&2)

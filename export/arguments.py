@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--version", type=int, default=None, help="version number (default: next free one)"
     )
     parser.add_argument(
+        "--sign-key",
+        type=Path,
+        default=None,
+        help="a PEM elliptic-curve private key: sign the version (<version>/model.sig, OpenSSF "
+        "model signing; needs the [signing] extra)",
+    )
+    parser.add_argument(
         "--max-batch-size",
         type=int,
         default=DEFAULT_MAX_BATCH_SIZE,

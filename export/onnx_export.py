@@ -28,6 +28,7 @@ from torch import nn
 from contract.metadata import ModelMetadata
 from contract.model_config import ModelConfig, TensorConfig
 from contract.names import CLASSIFICATION, INPUT_NAME, OPSET, OUTPUTS, PLATFORM
+from contract.signing import sign
 from export.arguments import DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_DELAY_US
 from export.repository import write_version
 from models.activations import count_gelu_layers
@@ -169,8 +170,10 @@ def export_checkpoint(
     version: int | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    sign_key: Path | None = None,
 ) -> Path:
-    """Export ``checkpoint`` as ``repository/name/<version>/model.onnx``; returns its path."""
+    """Export ``checkpoint`` as ``repository/name/<version>/model.onnx``, signed with
+    ``sign_key`` if given (before the version is moved into place); returns its path."""
     payload, model, config = load_checkpoint(checkpoint)
     config_text = model_config(name, config, max_batch_size, max_queue_delay_us).to_pbtxt()
     parity: list[float] = []
@@ -194,6 +197,8 @@ def export_checkpoint(
         )
         add_metadata(path, metadata.to_props())
         parity.append(validate(model, config, path))
+        if sign_key is not None:
+            sign(path.parent, sign_key)
 
     onnx_path = write_version(repository, name, version, config_text, write_model)
     print(f"wrote {onnx_path}: validated, max |onnxruntime - torch| = {parity[0]:.2e}")
@@ -209,4 +214,5 @@ def run(args: argparse.Namespace) -> Path:
         args.version,
         args.max_batch_size,
         args.max_queue_delay_us,
+        args.sign_key,
     )

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
         description="A client certificate and its key (one PEM) that `gelu-serve health` "
         "presents, for health probes under GELU_TLS_CLIENT_AUTH=required.",
     )
+    model_verify_key: Path | None = Field(
+        None,
+        description="A PEM public key: every model version must carry <version>/model.sig, an "
+        "OpenSSF model signature of its directory made with the matching private key, or it "
+        "is not loaded (start-up, load, poll). Needs the [signing] extra.",
+    )
     max_body_bytes: int = Field(
         64 * MIB,
         gt=0,
@@ -332,9 +338,12 @@ class Settings(BaseSettings):
             from service.auth import parse  # the keys are read here: a bad source stops start-up
 
             parse(self.restricted_api.get_secret_value())
-        for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
+        files = ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_probe_cert_file",
+                 "model_verify_key")  # fmt: skip
+        for name in files:
+            path = getattr(self, name)
             if path is not None and not path.is_file():
-                raise ValueError(f"{path}: no such file (GELU_TLS_*)")
+                raise ValueError(f"{self.variable(name)}={path}: no such file")
         return self
 
     @field_validator("providers", mode="before")

@@ -61,4 +61,4 @@ def test_serving_image_stage_holds_no_training_stack() -> None:
     assert "COPY --from=venv /opt/venv /opt/venv" in runtime
     assert "torch" not in runtime and "[cpu,train]" not in runtime
     assert "USER 10001" in runtime and "HEALTHCHECK" in runtime
-    assert "[gpu]" in (ROOT / "Dockerfile.cuda").read_text()
+    assert ".[gpu,signing]" in (ROOT / "Dockerfile.cuda").read_text()

@@ -16,8 +16,10 @@ from contract.model_config import (
     load_model_config,
 )
 from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
+from contract.signing import SIGNATURE_FILENAME
 from service.errors import ModelLoadError
 from service.runtime import Model, Runtime, TensorSpec
+from service.signing import Verifier
 
 logger = logging.getLogger("gelu_serve")
 
@@ -66,9 +68,10 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
 
 def signature(model_dir: Path, version: int) -> tuple[int, ...]:
     """What changes when a version's files change: size and modification time of its
-    ``model.onnx`` and of the model's ``config.pbtxt`` (when it has one)."""
+    ``model.onnx``, of its ``model.sig`` and of the model's ``config.pbtxt`` (those it has)."""
     config = model_dir / CONFIG_FILENAME
-    paths = [config] if config.exists() else []
+    signed = model_dir / str(version) / SIGNATURE_FILENAME
+    paths = [p for p in (config, signed) if p.exists()]
     stats = [p.stat() for p in [*paths, model_dir / str(version) / MODEL_FILENAME]]
     return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
 
@@ -99,11 +102,19 @@ def config_completer(
 
 
 def load_version(
-    model_dir: Path, version: int, config: ModelConfig, runtime: Runtime, warmup_runs: int
+    model_dir: Path,
+    version: int,
+    config: ModelConfig,
+    runtime: Runtime,
+    warmup_runs: int,
+    verifier: Verifier | None = None,
 ) -> Model:
-    """One version opened on ``runtime``, checked against ``config`` and warmed;
-    ``ModelLoadError`` if not. Blocks: call it off the event loop."""
+    """One version, its signature verified (with a ``verifier``), opened on ``runtime``,
+    checked against ``config`` and warmed; ``ModelLoadError`` if not. Blocks: call it off
+    the event loop."""
     label = f"{model_dir.name}/{version}"
+    if verifier is not None:
+        verifier.check(model_dir / str(version), label)
     session = runtime.open(model_dir / str(version) / MODEL_FILENAME, label)
     try:
         meta = ModelMetadata.from_props(session.metadata_props)

@@ -37,6 +37,7 @@ from service.repository.layout import (
 )
 from service.runtime import Model, Runtime
 from service.settings import Settings
+from service.signing import Verifier
 
 logger = logging.getLogger("gelu_serve")
 
@@ -88,6 +89,8 @@ class ModelRepository:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
+        key = settings.model_verify_key  # every version's signature checked before it loads
+        self.verifier = Verifier(key) if key is not None else None
         # Without config.pbtxt (unless strict), a model's config is derived from its ONNX file.
         self._complete = (
             None
@@ -263,6 +266,7 @@ class ModelRepository:
                     config,
                     self.runtime,
                     self.settings.warmup_runs,
+                    self.verifier,
                 )
                 kept[key] = await self._serve(model, files)
             except ModelLoadError as exc:

@@ -152,3 +152,24 @@ def test_failed_validation_leaves_nothing(
     with pytest.raises(ExportError):
         export_checkpoint(checkpoints["mlp"], tmp_path, "m")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_signs_what_it_writes(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    """--sign-key: the version carries a signature the service verifies, made before the
+    version was moved into place."""
+    pytest.importorskip("model_signing")  # the [signing] extra
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from service.signing import Verifier
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "owner.key", tmp_path / "owner.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    path = export_checkpoint(checkpoints["mlp"], tmp_path / "repo", "m", sign_key=private)
+    assert (path.parent / "model.sig").is_file()
+    Verifier(public).check(path.parent, "m/1")  # passes: the signature covers model.onnx
