@@ -9,6 +9,7 @@ import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.arguments import ROOT
 from bench.proc import cpu_list, pin_tree
@@ -44,6 +46,14 @@ class Server:
     cpus: set[int]
     grpc: str | None = None  # host:port of its gRPC face, if it has one
     batches: bool = False  # the service: its /metrics counts the samples and runs of batches
+    tls: ssl.SSLContext | None = None  # served over TLS: a context that trusts its certificate
+
+
+def connection(port: int, tls: ssl.SSLContext | None, timeout: float = 2) -> Any:
+    """An HTTP connection to a local server, over TLS with ``tls``."""
+    if tls is None:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=tls)
 
 
 Scenario = tuple[str, Server, Request]  # a point's name, the server driven and the request
@@ -51,7 +61,13 @@ Scenario = tuple[str, Server, Request]  # a point's name, the server driven and 
 
 @contextmanager
 def serve(
-    command: list[str], env: dict[str, str], cpus: str, port: int, ready_path: str, settle: float
+    command: list[str],
+    env: dict[str, str],
+    cpus: str,
+    port: int,
+    ready_path: str,
+    settle: float,
+    tls: ssl.SSLContext | None = None,
 ) -> Iterator[Server]:
     """``command`` on ``cpus`` with every thread pinned there, ready; SIGTERM on exit.
 
@@ -68,7 +84,7 @@ def serve(
             if process.poll() is not None:
                 raise RuntimeError(f"{command[0]} exited with {process.returncode}")
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn = connection(port, tls)
                 conn.request("GET", ready_path)
                 if conn.getresponse().status == 200:
                     break
@@ -81,7 +97,8 @@ def serve(
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
         LIVE.add(process.pid)
-        yield Server(f"http://127.0.0.1:{port}", process.pid, pinned)
+        scheme = "https" if tls is not None else "http"
+        yield Server(f"{scheme}://127.0.0.1:{port}", process.pid, pinned, tls=tls)
     finally:
         LIVE.discard(process.pid)
         process.send_signal(signal.SIGTERM)
@@ -93,7 +110,12 @@ def serve(
 
 @contextmanager
 def server(
-    app: str, env: dict[str, str], workers: int, cpus: str, ready_path: str
+    app: str,
+    env: dict[str, str],
+    workers: int,
+    cpus: str,
+    ready_path: str,
+    tls: ssl.SSLContext | None = None,
 ) -> Iterator[Server]:
     """A uvicorn process serving ``app`` (see ``serve``); the service itself runs as it is
     deployed, ``gelu-serve serve`` (uvicorn with the service's connection limits)."""
@@ -109,8 +131,23 @@ def server(
         grpc_port = free_port()
         env = {**env, "GELU_GRPC_PORT": str(grpc_port)}
         grpc_address = f"127.0.0.1:{grpc_port}"
-    with serve(command, env, cpus, port, ready_path, settle=0.5 * workers) as started:
+    with serve(command, env, cpus, port, ready_path, 0.5 * workers, tls) as started:
         yield dataclasses.replace(started, grpc=grpc_address, batches=app == SERVICE_APP)
+
+
+def tls_setup(folder: Path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """A CA and a certificate for 127.0.0.1 made for the run (trustme, the [dev] extra):
+    the service's GELU_TLS_* variables, and a client context that trusts it."""
+    import trustme
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key, authority = folder / "cert.pem", folder / "key.pem", folder / "ca.pem"
+    cert.write_bytes(b"".join(pem.bytes() for pem in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(authority))
+    env = {"GELU_TLS_CERT_FILE": str(cert), "GELU_TLS_KEY_FILE": str(key)}
+    return env, ssl.create_default_context(cafile=str(authority))
 
 
 @contextmanager
@@ -200,7 +237,7 @@ def start_order(count: int, round_index: int) -> list[int]:
 
 
 def started_in_turn(
-    arguments: list[tuple[str, dict[str, str], int, str, str]], round_index: int, stack: ExitStack
+    arguments: list[tuple[Any, ...]], round_index: int, stack: ExitStack
 ) -> list[Server]:
     """A server for each ``server`` arguments, started in pass ``round_index``'s order
     (``start_order``) and stopped with ``stack``; returned in the order given."""

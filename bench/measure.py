@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import itertools
 import json
 import os
@@ -22,7 +21,7 @@ import numpy as np
 from bench.arguments import ROOT
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import STREAM_METHOD, run_grpc
-from bench.launch import LIVE, Server
+from bench.launch import LIVE, Server, connection
 from bench.proc import UsageMeter, check_pinned, cpu_model, paused
 from bench.results import SMALL
 from bench.speed import HostSpeed
@@ -52,7 +51,7 @@ T = TypeVar("T")
 def batch_totals(target: Server) -> tuple[float, float]:
     """(samples, runs) the service's models have run so far, from ``gelu_batch_size``'s sums
     and counts on its /metrics (over every worker)."""
-    conn = http.client.HTTPConnection(target.url.removeprefix("http://"), timeout=30)
+    conn = connection(int(target.url.rsplit(":", 1)[1]), target.tls, timeout=30)
     conn.request("GET", "/metrics")
     samples = runs = 0.0
     for line in conn.getresponse().read().decode().splitlines():

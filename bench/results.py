@@ -49,6 +49,9 @@ OFF_AGAIN = "v1 predict, batching off, a second server"
 
 # The batching-on server with OpenTelemetry on, exporting over OTLP to bench.otlp_sink, its
 # sampler keeping 1 % and every one of the spans: what tracing costs (off is "batching on").
+# The batching-on server over TLS (GELU_TLS_*, a certificate made for the run): wrk over https.
+OVER_TLS = "v1 predict, over TLS"
+
 TRACED = {"0.01": "v1 predict, traced 1 %", "1.0": "v1 predict, traced 100 %"}
 
 

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from bench.launch import (
     serve,
     server,
     started_in_turn,
+    tls_setup,
 )
 from bench.measure import (
     activation_kernels,
@@ -62,6 +64,7 @@ from bench.results import (
     OFF_AGAIN,
     ONE_WORKER,
     ONE_WORKER_OFF,
+    OVER_TLS,
     PEER_BENTOML,
     PEER_MLSERVER,
     SMALL,
@@ -122,6 +125,8 @@ class Run:
         self.naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
         self.sink_port = free_port()  # bench.otlp_sink, for the traced servers' spans
         self.client_cpus = self.every_cpu if args.client_cpu is None else str(args.client_cpu)
+        self.tls_folder = tempfile.TemporaryDirectory(prefix="gelu-bench-tls-")
+        self.tls_env, self.tls = tls_setup(Path(self.tls_folder.name))
         self.host = HostSpeed(cpu_list(self.every_cpu))
         self.scenarios: list[Scenario] = []  # the order the report lists them in
 
@@ -227,10 +232,27 @@ class Run:
             for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
                 self.service_pass(round_index, alone, floor, floor_served)
 
+    def pass_servers(
+        self, round_index: int, stack: ExitStack
+    ) -> tuple[Server, Server, Server, list[Scenario]]:
+        """A pass's servers of the service, started in its turn's order: batching on, off and
+        off again, and the scenarios read beside batching on's: the same server over TLS, and
+        traced at each sampler ratio."""
+        cpus, ready = self.args.server_cpus, "/v2/health/ready"
+        states = [self.on_env, self.off_env, self.off_env]
+        states += [self.traced_env(ratio) for ratio in TRACED]
+        arguments: list[tuple[Any, ...]] = [(SERVICE_APP, env, 1, cpus, ready) for env in states]
+        tls_env = {**self.on_env, **self.tls_env}
+        arguments.append((SERVICE_APP, tls_env, 1, cpus, ready, self.tls))
+        on, off, again, *traced, over_tls = started_in_turn(arguments, round_index, stack)
+        names = [OVER_TLS, *TRACED.values()]
+        beside = [(n, t, self.small["v1"]) for n, t in zip(names, [over_tls, *traced], strict=True)]
+        return on, off, again, beside
+
     def service_pass(
         self, round_index: int, alone: list[Scenario], floor: Server, floor_served: Server
     ) -> None:
-        """One pass over every 1-worker point, with the service's three servers new for it.
+        """One pass over every 1-worker point, with the service's servers new for it.
 
         Two identical servers can differ by more than batching on and off do at c=1, for as
         long as both run; with a pass's own processes, that difference is one more pass's
@@ -239,18 +261,10 @@ class Run:
         """
         args, activation = self.args, self.activation
         with ExitStack() as stack:
-            # Batching on, off, off again, and on with tracing at each sampler ratio.
-            states = [self.on_env, self.off_env, self.off_env]
-            states += [self.traced_env(ratio) for ratio in TRACED]
-            ready = "/v2/health/ready"
-            arguments = [(SERVICE_APP, env, 1, args.server_cpus, ready) for env in states]
-            on, off, again, *traced = started_in_turn(arguments, round_index, stack)
+            on, off, again, beside = self.pass_servers(round_index, stack)
             pairs, listed = self.paired(on, off, again)
-            # Tracing's rows beside the untraced batching-on row they are read against.
-            tracing = [(name, target, self.small["v1"])
-                       for name, target in zip(TRACED.values(), traced, strict=True)]  # fmt: skip
-            pairs.append(tracing)
-            listed += tracing
+            pairs.append(beside)
+            listed += beside
             self.scenarios = alone + listed
             self.warm(listed)
             driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)

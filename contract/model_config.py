@@ -311,13 +311,15 @@ INTERPRETED = frozenset(
 )  # fmt: skip
 
 
-def load_model_config(text: str) -> ModelConfig:
-    """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong."""
+def load_model_config(text: str, directory_name: str | None = None) -> ModelConfig:
+    """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong. As Triton,
+    ``name`` may be left out: it is then the model's ``directory_name`` (ModelMesh's Triton
+    adapter writes configs without one)."""
     fields = parse_pbtxt(text)
     batching = fields.get("dynamic_batching", [])
     delay = _one(batching[-1], "max_queue_delay_microseconds", -1) if batching else -1
     return ModelConfig(
-        name=str(_one(fields, "name")),
+        name=str(_one(fields, "name", directory_name)),
         platform=str(_one(fields, "platform", PLATFORM)),
         max_batch_size=int(_one(fields, "max_batch_size", 0)),
         inputs=tuple(_tensor(f) for f in fields.get("input", [])),

@@ -146,7 +146,7 @@ INFERENCE = (
     r"|/v1/activations/[^/]+"
 )
 _HTTP = [
-    ("health", re.compile(r"/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready")),
+    ("health", re.compile(r"/|/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready")),
     ("metrics", re.compile(r"/metrics")),
     ("model-repository", re.compile(r"/v2/repository/.*")),
     ("statistics", re.compile(r"/v2/models/(stats|[^/]+(/versions/[^/]+)?/stats)")),

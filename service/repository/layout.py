@@ -38,7 +38,7 @@ def read_config(
     try:
         if complete is not None and not config_path.exists():
             return complete(model_dir)
-        config = load_model_config(config_path.read_text())
+        config = load_model_config(config_path.read_text(), model_dir.name)
     except (OSError, ConfigParseError) as exc:
         raise ModelLoadError(f"{config_path}: {exc}") from None
     if config.name != model_dir.name:

@@ -38,6 +38,9 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "proxy_headers": False,
         "server_header": False,
         "timeout_keep_alive": max(1, round(settings.keep_alive_seconds)),
+        # uvicorn's own lines go to the root logger's handler, in GELU_LOG_FORMAT (one JSON
+        # object per line when json) and as /v2/logging changes it, not in its own format.
+        "log_config": None,
     }
 
 

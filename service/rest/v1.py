@@ -78,6 +78,12 @@ def summary(info: ModelInfo) -> dict[str, object]:
     }
 
 
+@router.get("/", tags=["V1 (KServe style)"], responses=responses())
+async def alive() -> Response:
+    """KServe V1's liveness: 200 while the process serves HTTP."""
+    return Response(codecs.dumps({"status": "alive"}), media_type=codecs.JSON)
+
+
 @router.get("/v1/models", response_model=ModelList, responses=responses(503))
 async def list_models(request: Request) -> Response:
     """Every model with its versions, task, tensors and providers."""

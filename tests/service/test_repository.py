@@ -278,3 +278,20 @@ async def test_any_onnx_file_without_config_or_batch_axis(settings_factory, repo
         await core.stop()
     with pytest.raises(StartupError, match=r"config\.pbtxt"):
         await started(settings_factory, repo, strict_model_config=True)
+
+
+async def test_a_config_without_a_name_is_named_by_its_directory(
+    settings_factory, repo: Path
+) -> None:
+    """As Triton reads config.pbtxt, and as ModelMesh's Triton adapter writes it: no `name`
+    (the directory's), `backend` in place of `platform`."""
+    config = repo / "digits-mlp" / "config.pbtxt"
+    lines = config.read_text().splitlines()
+    kept = [x for x in lines if not x.startswith(("name:", "platform:"))]
+    config.write_text("\n".join(['backend: "onnxruntime"', *kept]) + "\n")
+    core = await started(settings_factory, repo)
+    try:
+        assert core.model_config("digits-mlp")["name"] == "digits-mlp"
+        assert (await core.infer("digits-mlp", None, request())).outputs["logits"].shape == (1, 10)
+    finally:
+        await core.stop()

@@ -68,3 +68,9 @@ def test_predict_autoencoder_reports_reconstruction_error(client) -> None:
 def test_kserve_inputs_key_is_accepted(client) -> None:
     response = client.post("/v1/models/digits-mlp:predict", json={"inputs": DIGITS[:1].tolist()})
     assert response.status_code == 200
+
+
+def test_kserve_liveness_at_the_root(client) -> None:
+    """KServe's V1 protocol: GET / answers while the process serves."""
+    response = client.get("/")
+    assert response.status_code == 200 and response.json() == {"status": "alive"}
