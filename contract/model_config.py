@@ -154,6 +154,29 @@ class TensorConfig:
 
 
 @dataclass(frozen=True)
+class WarmupInput:
+    """One input of a ``model_warmup`` sample: its tensor, and where its values come from:
+    ``zero``, ``random`` or ``file`` (raw row-major bytes in the model's ``warmup/`` folder)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    source: str
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """One of Triton's ``model_warmup`` samples: run ``count`` times before the version is
+    ready, a batch of ``batch_size`` (0 for a model without a batch axis)."""
+
+    name: str
+    batch_size: int
+    inputs: tuple[WarmupInput, ...]
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class VersionPolicy:
     """Triton's ``version_policy``: which of a model's versions are served.
 
@@ -202,6 +225,7 @@ class ModelConfig:
     # instance_group, model_warmup, parameters, ...): the service warns about each.
     unhonoured: tuple[str, ...] = ()
     instance_count: int = 1  # instance_group: runs of this model at once (counts summed)
+    warmups: tuple[Warmup, ...] = ()  # model_warmup: run before a version is ready
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -286,6 +310,38 @@ def _instance_count(fields: dict[str, list[Any]]) -> int:
     return count
 
 
+def _warmup_input(entry: dict[str, list[Any]]) -> WarmupInput:
+    name = str(_one(entry, "key"))
+    value = _one(entry, "value")
+    data_type = _one(value, "data_type")
+    if data_type not in TRITON_TO_V2:
+        raise ConfigParseError(f"model_warmup input {name!r}: unsupported data_type {data_type!r}")
+    dims = tuple(int(d) for d in value.get("dims", []))
+    sources = [s for s in ("zero_data", "random_data", "input_data_file") if s in value]
+    if len(sources) != 1:
+        raise ConfigParseError(
+            f"model_warmup input {name!r}: give one of zero_data, random_data, input_data_file"
+        )
+    source = sources[0]
+    file = str(_one(value, source)) if source == "input_data_file" else ""
+    kind = {"zero_data": "zero", "random_data": "random", "input_data_file": "file"}[source]
+    return WarmupInput(name, TRITON_TO_V2[data_type], dims, kind, file)
+
+
+def _warmups(fields: dict[str, list[Any]]) -> tuple[Warmup, ...]:
+    """Triton's ``model_warmup``: the samples run before a version turns ready."""
+    warmups = []
+    for entry in fields.get("model_warmup", []):
+        name = str(_one(entry, "name", "warmup"))
+        count = int(_one(entry, "count", 1))
+        batch_size = int(_one(entry, "batch_size", 0))
+        if count < 1 or batch_size < 0:
+            raise ConfigParseError(f"model_warmup {name!r}: count >= 1 and batch_size >= 0")
+        inputs = tuple(_warmup_input(i) for i in entry.get("inputs", []))
+        warmups.append(Warmup(name, batch_size, inputs, count))
+    return tuple(warmups)
+
+
 def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
     policies = fields.get("version_policy")
     if not policies:
@@ -307,7 +363,7 @@ def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
 # The fields load_model_config interprets; any other is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-     "version_policy", "instance_group"}
+     "version_policy", "instance_group", "model_warmup"}
 )  # fmt: skip
 
 
@@ -329,4 +385,5 @@ def load_model_config(text: str, directory_name: str | None = None) -> ModelConf
         version_policy=_version_policy(fields),
         unhonoured=tuple(sorted(set(fields) - INTERPRETED)),
         instance_count=_instance_count(fields),
+        warmups=_warmups(fields),
     )

@@ -196,6 +196,10 @@ class Metrics:
             "gelu_compute_seconds", "Time of one onnxruntime run of a model version",
             ["model", "version"], buckets=COMPUTE_BUCKETS, registry=registry,
         )  # fmt: skip
+        self.warmup_runs = Counter(
+            "gelu_model_warmup_runs", "Runs of config.pbtxt's model_warmup samples before a "
+            "version turned ready", ["model", "version"], registry=registry,
+        )  # fmt: skip
         self.load_failures = Counter(
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,

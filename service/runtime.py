@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from contract.metadata import ModelMetadata
-from contract.model_config import ModelConfig, TensorConfig
+from contract.model_config import ModelConfig, TensorConfig, Warmup, WarmupInput
 from service.errors import ModelLoadError
 
 
@@ -113,6 +113,7 @@ class Model:
     metadata: ModelMetadata
     output_names: list[str] = field(init=False)
     input_configs: dict[str, TensorConfig] = field(init=False)  # by name
+    warmup_runs: int = 0  # config.pbtxt's model_warmup runs made before it was ready
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
@@ -156,6 +157,52 @@ class Model:
         """Run a few batches through the session so the first client pays no set-up cost."""
         for batch in (1, 8, 1, 8)[:runs]:
             self.infer(self.example_feed(batch))
+
+    def run_warmups(self, folder: Path) -> list[str]:
+        """config.pbtxt's ``model_warmup`` samples, each run ``count`` times (files read from
+        ``folder``, the model's ``warmup/``); what ran, for the log. ``ModelLoadError`` for a
+        sample that does not fit the model."""
+        label, ran = f"{self.name}/{self.version}", []
+        for warmup in self.config.warmups:
+            feed = {i.name: self._warmup_array(i, warmup, folder, label) for i in warmup.inputs}
+            if set(feed) != set(self.input_configs):
+                raise ModelLoadError(
+                    f"{label}: model_warmup {warmup.name!r} gives inputs {sorted(feed)}; the "
+                    f"model takes {sorted(self.input_configs)}"
+                )
+            for _ in range(warmup.count):
+                self.infer(feed)
+            self.warmup_runs += warmup.count
+            ran.append(f"{warmup.name!r} ({warmup.count} x batch {warmup.batch_size})")
+        return ran
+
+    def _warmup_array(self, given: WarmupInput, warmup: Warmup, folder: Path, label: str) -> Any:
+        config = self.input_configs.get(given.name)
+        if config is None or (config.datatype, config.dims) != (given.datatype, given.dims):
+            raise ModelLoadError(
+                f"{label}: model_warmup {warmup.name!r} input {given.name!r} is not one of the "
+                "model's inputs with that data_type and dims"
+            )
+        dtype = config.numpy_dtype
+        shape = (warmup.batch_size, *given.dims) if self.config.max_batch_size else given.dims
+        if given.source == "zero":
+            return np.zeros(shape, dtype)
+        if given.source == "random":
+            values = np.random.default_rng(0).random(shape)
+            return values.astype(dtype)
+        path = folder / given.file
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ModelLoadError(f"{label}: model_warmup file {path}: {exc.strerror}") from None
+        one = np.frombuffer(raw, dtype)
+        if one.size != int(np.prod(given.dims)):
+            raise ModelLoadError(
+                f"{label}: model_warmup file {path} holds {one.size} values; dims "
+                f"{list(given.dims)} need {int(np.prod(given.dims))}"
+            )
+        # As Triton: the file is one sample, repeated for each of the batch's.
+        return np.broadcast_to(one.reshape(given.dims), shape).copy()
 
     def time_run(self, batch: int, runs: int = 5) -> float:
         """The median time of one run on a batch of ``batch`` zeros, in microseconds."""

@@ -125,6 +125,8 @@ def load_version(
     try:
         model.check_against_config()
         model.warm_up(warmup_runs)
+        for sample in model.run_warmups(model_dir / "warmup"):
+            logger.info("%s: model_warmup %s ran", label, sample)
     except ModelLoadError:
         model.close()
         raise

@@ -331,6 +331,8 @@ class ModelRepository:
         settings, config = self.settings, model.config
         for provider in model.providers:
             self.metrics.providers.labels(model.name, model.version, provider).set(1)
+        if model.warmup_runs:
+            self.metrics.warmup_runs.labels(model.name, model.version).inc(model.warmup_runs)
         batching = settings.batching and config.dynamic_batching and config.max_batch_size > 0
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))

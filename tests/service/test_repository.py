@@ -295,3 +295,56 @@ async def test_a_config_without_a_name_is_named_by_its_directory(
         assert (await core.infer("digits-mlp", None, request())).outputs["logits"].shape == (1, 10)
     finally:
         await core.stop()
+
+
+WARMUP = """
+model_warmup [
+  {
+    name: "sample"
+    batch_size: 8
+    inputs { key: "input" value: { data_type: TYPE_FP32 dims: [ 64 ] random_data: true } }
+    count: 2
+  },
+  {
+    name: "digit"
+    batch_size: 1
+    inputs { key: "input" value: { data_type: TYPE_FP32 dims: [ 64 ] input_data_file: "zero" } }
+  }
+]
+"""
+
+
+async def test_model_warmup_runs_before_ready(settings_factory, repo: Path, caplog) -> None:
+    """config.pbtxt's model_warmup samples (random data, and a file from the model's warmup/
+    folder) run before the version is ready: in the log before "ready", and counted."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="gelu_serve")
+    config = repo / "digits-mlp" / "config.pbtxt"
+    config.write_text(config.read_text() + WARMUP)
+    (repo / "digits-mlp" / "warmup").mkdir()
+    (repo / "digits-mlp" / "warmup" / "zero").write_bytes(DIGITS[0].astype("<f4").tobytes())
+    core = await started(settings_factory, repo)
+    try:
+        lines = [r.getMessage() for r in caplog.records]
+        ran = [i for i, x in enumerate(lines) if "digits-mlp/2: model_warmup" in x]
+        assert ran and "'sample' (2 x batch 8)" in lines[ran[0]]
+        assert "'digit' (1 x batch 1)" in lines[ran[1]]
+        ready = next(i for i, x in enumerate(lines) if x.startswith("ready:"))
+        assert max(ran) < ready
+        exposed = core.metrics.exposition().decode()
+        assert 'gelu_model_warmup_runs_total{model="digits-mlp",version="2"} 3.0' in exposed
+    finally:
+        await core.stop()
+
+
+async def test_a_warmup_that_does_not_fit_refuses_the_version(settings_factory, repo: Path) -> None:
+    config = repo / "digits-mlp" / "config.pbtxt"
+    config.write_text(config.read_text() + WARMUP.replace('key: "input"', 'key: "pixels"', 1))
+    core = await started(settings_factory, repo, exit_on_error=False)
+    try:
+        (entry,) = [e for e in core.control.index() if e.get("version") == "2"
+                    and e["name"] == "digits-mlp"]  # fmt: skip
+        assert entry["state"] == "UNAVAILABLE" and "input 'pixels' is not one of" in entry["reason"]
+    finally:
+        await core.stop()
