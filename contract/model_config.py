@@ -226,6 +226,7 @@ class ModelConfig:
     unhonoured: tuple[str, ...] = ()
     instance_count: int = 1  # instance_group: runs of this model at once (counts summed)
     warmups: tuple[Warmup, ...] = ()  # model_warmup: run before a version is ready
+    response_cache: bool = False  # response_cache { enable: true }: answers kept (Triton's)
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -363,7 +364,7 @@ def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
 # The fields load_model_config interprets; any other is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-     "version_policy", "instance_group", "model_warmup"}
+     "version_policy", "instance_group", "model_warmup", "response_cache"}
 )  # fmt: skip
 
 
@@ -386,4 +387,5 @@ def load_model_config(text: str, directory_name: str | None = None) -> ModelConf
         unhonoured=tuple(sorted(set(fields) - INTERPRETED)),
         instance_count=_instance_count(fields),
         warmups=_warmups(fields),
+        response_cache=bool(_one(_one(fields, "response_cache", {}), "enable", False)),
     )

@@ -28,6 +28,7 @@ from service import __version__
 from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
 from service.auth import Restrictions
 from service.batching import Deadline, timed_infer
+from service.cache import ResponseCache
 from service.codecs import cast
 from service.control import ModelControl
 from service.errors import (
@@ -53,6 +54,7 @@ from service.repository import ModelRepository
 from service.repository.layout import model_names
 from service.runtime import Model, Runtime, dims_match
 from service.settings import PROVIDER_NAMES, Settings
+from service.statistics import ModelStatistics
 from service.trace_settings import TraceSettings
 from service.tracing import Tracing
 
@@ -127,6 +129,8 @@ class DataPlane:
         # Credentials by route class (GELU_RESTRICTED_API, GELU_CONTROL_TOKEN); None: all open.
         self.restrictions = Restrictions.from_settings(settings)
         self.tracing: Tracing | None = None  # OpenTelemetry, when OTEL_TRACES_EXPORTER asks
+        budget = settings.response_cache_bytes  # Triton's response cache, for models that ask
+        self.cache = ResponseCache(budget) if budget else None
         self.trace_settings = TraceSettings(enabled=False)  # Triton's trace extension
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -150,6 +154,8 @@ class DataPlane:
         )
         runtime = self.runtime or OnnxRuntime(sessions)
         repository = ModelRepository(settings, runtime, self.metrics)
+        if self.cache is not None:
+            repository.on_retire(self.cache.drop)  # a retired version's answers go with it
         names = model_names(root)
         if settings.model_control_mode == "explicit" and "*" not in settings.load_models:
             names = settings.load_models
@@ -327,7 +333,12 @@ class DataPlane:
             batch = len(next(iter(inputs.values()))) if batched else 1
             inline = batch <= served.inline_batch
             batcher = served.batcher  # bypass: no company lately, run as batching off does
-            if batcher is not None and not batcher.bypass and inline is batcher.inline:
+            cache, hit = self.cache if model.config.response_cache else None, None
+            if cache is not None:  # a call only for a model that asks for the cache
+                key, hit = self._cached(cache, model, inputs, names, statistics)
+            if hit is not None:
+                results = hit
+            elif batcher is not None and not batcher.bypass and inline is batcher.inline:
                 results = await batcher.infer(inputs, names, deadline, request.trace)
             else:
                 handed = time.perf_counter_ns()
@@ -339,6 +350,8 @@ class DataPlane:
                 served.runs.record_alone(batch, started - handed, took)
                 if request.trace is not None:
                     request.trace.ran(handed, started, took, None)
+            if cache is not None and hit is None:
+                self._keep(cache, key, model, results, statistics)
             ok = True
         finally:
             served.finished()
@@ -365,6 +378,40 @@ class DataPlane:
             inputs=inputs,
             id=request.id,
         )
+
+    def _cached(
+        self,
+        cache: ResponseCache,
+        model: Model,
+        inputs: dict[str, np.ndarray],
+        names: list[str] | None,
+        statistics: ModelStatistics,
+    ) -> tuple[bytes, dict[str, np.ndarray] | None]:
+        """A cached model's key for this request, and its answer if the cache has it (a hit
+        timed as Triton's ``cache_hit``; a miss's lookup is timed with its insertion)."""
+        began = time.perf_counter_ns()
+        key = cache.key(model, inputs, names)
+        hit = cache.get(key)
+        if hit is not None:
+            statistics.cache_hit.add(time.perf_counter_ns() - began)
+            self.metrics.cache_lookups.labels(model.name, "hit").inc()
+        else:
+            statistics.cache_miss.add(time.perf_counter_ns() - began)
+            self.metrics.cache_lookups.labels(model.name, "miss").inc()
+        return key, hit
+
+    def _keep(
+        self,
+        cache: ResponseCache,
+        key: bytes,
+        model: Model,
+        results: dict[str, np.ndarray],
+        statistics: ModelStatistics,
+    ) -> None:
+        began = time.perf_counter_ns()
+        cache.put(key, results, model)
+        statistics.cache_miss.ns += time.perf_counter_ns() - began  # a miss: lookup + insertion
+        self.metrics.cache_bytes.set(cache.used)
 
     def _check_inputs(self, model: Model, given: list[RequestInput]) -> dict[str, np.ndarray]:
         """Names, datatypes, shapes, batch sizes and limits against the model."""

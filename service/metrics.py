@@ -200,6 +200,14 @@ class Metrics:
             "gelu_model_warmup_runs", "Runs of config.pbtxt's model_warmup samples before a "
             "version turned ready", ["model", "version"], registry=registry,
         )  # fmt: skip
+        self.cache_lookups = Counter(
+            "gelu_response_cache_lookups", "Response cache lookups, by model and result "
+            "(hit or miss)", ["model", "result"], registry=registry,
+        )  # fmt: skip
+        self.cache_bytes = Gauge(
+            "gelu_response_cache_bytes", "Bytes the response cache holds (this process's)",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.load_failures = Counter(
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,

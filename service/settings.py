@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         "OpenSSF model signature of its directory made with the matching private key, or it "
         "is not loaded (start-up, load, poll). Needs the [signing] extra.",
     )
+    response_cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="Triton's response cache: the bytes this process keeps of the answers of "
+        "models whose config.pbtxt has response_cache { enable: true }, least recently used "
+        "evicted first; 0 turns it off.",
+    )
     max_body_bytes: int = Field(
         64 * MIB,
         gt=0,

@@ -50,6 +50,8 @@ class ModelStatistics:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)  # lookups that answered
+    cache_miss: Duration = field(default_factory=Duration)  # lookups and insertions that did not
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
 
     def record_request(self, ok: bool, ns: int) -> None:
@@ -96,8 +98,8 @@ class ModelStatistics:
                 "compute_input": self.compute_input.to_json(),
                 "compute_infer": self.compute_infer.to_json(),
                 "compute_output": self.compute_output.to_json(),
-                "cache_hit": Duration().to_json(),  # no response cache
-                "cache_miss": Duration().to_json(),
+                "cache_hit": self.cache_hit.to_json(),
+                "cache_miss": self.cache_miss.to_json(),
             },
             "batch_stats": [
                 {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,7 @@ class ModelRepository:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
+        self._retire_listeners: list[Callable[[Model], object]] = []
         key = settings.model_verify_key  # every version's signature checked before it loads
         self.verifier = Verifier(key) if key is not None else None
         # Without config.pbtxt (unless strict), a model's config is derived from its ONNX file.
@@ -311,8 +313,14 @@ class ModelRepository:
                 logger.error("load failed: %s", reason)
         self.metrics.load_failures.labels(name).inc(len(failures))
 
+    def on_retire(self, listener: Callable[[Model], object]) -> None:
+        """Call ``listener`` with each version's model as it is retired (unloaded, replaced)."""
+        self._retire_listeners.append(listener)
+
     def _retire(self, served: Served) -> None:
         served.retired = True
+        for listener in self._retire_listeners:
+            listener(served.model)
         if not served.in_flight:
             served.drained.set()
 

@@ -1,0 +1,128 @@
+"""Triton's response cache: hits answer bit-identical results, are counted as Triton counts
+them, never keep errors, stay within their byte budget and go with a retired version."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cache import ENTRY_OVERHEAD, ResponseCache
+from service.dataplane import DataPlane
+from service.errors import BadInputError
+from service.inference import InferenceRequest, RequestInput, RequestOutput
+from tests.helpers import DIGITS
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def cached_repo(tmp_path: Path, model_repository: Path) -> Path:
+    """The test repository, digits-mlp with `response_cache { enable: true }`."""
+    root = tmp_path / "repo"
+    shutil.copytree(model_repository, root)
+    config = root / "digits-mlp" / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    return root
+
+
+def _request(rows: np.ndarray, outputs: list[str] | None = None) -> InferenceRequest:
+    asked = [RequestOutput(name) for name in outputs] if outputs else None
+    return InferenceRequest([RequestInput(rows, "input", "FP32")], outputs=asked)
+
+
+def _stats(core: DataPlane, version: str = "2") -> dict:
+    (stats,) = core.statistics("digits-mlp", version)
+    return stats
+
+
+async def test_a_repeated_request_is_answered_from_the_cache(settings_factory, cached_repo) -> None:
+    core = DataPlane(settings_factory(model_repository=cached_repo, response_cache_bytes=1 << 20))
+    await core.start()
+    try:
+        first = await core.infer("digits-mlp", None, _request(DIGITS[:3]))
+        runs = _stats(core)["execution_count"]
+        again = await core.infer("digits-mlp", None, _request(DIGITS[:3].copy()))
+        for name in first.outputs:
+            np.testing.assert_array_equal(again.outputs[name], first.outputs[name])  # bit for bit
+        stats = _stats(core)
+        assert stats["execution_count"] == runs  # answered without a run
+        assert stats["inference_stats"]["cache_hit"]["count"] == 1
+        assert stats["inference_stats"]["cache_miss"]["count"] == 1
+        assert stats["inference_stats"]["cache_miss"]["ns"] > 0
+        # Other outputs asked for, or other inputs: a miss each.
+        await core.infer("digits-mlp", None, _request(DIGITS[:3], ["logits"]))
+        await core.infer("digits-mlp", None, _request(DIGITS[1:4]))
+        assert _stats(core)["inference_stats"]["cache_miss"]["count"] == 3
+        exposed = core.metrics.exposition().decode()
+        assert 'gelu_response_cache_lookups_total{model="digits-mlp",result="hit"} 1.0' in exposed
+        # A model whose config does not ask for it is never looked up.
+        await core.infer("digits-mlp-tanh", None, _request(DIGITS[:3]))
+        exposed = core.metrics.exposition().decode()
+        assert 'gelu_response_cache_lookups_total{model="digits-mlp-tanh"' not in exposed
+        tanh: dict = core.statistics("digits-mlp-tanh")[0]["inference_stats"]  # type: ignore[assignment]
+        assert tanh["cache_hit"]["count"] == tanh["cache_miss"]["count"] == 0
+    finally:
+        await core.stop()
+
+
+async def test_errors_are_not_cached(settings_factory, cached_repo) -> None:
+    core = DataPlane(settings_factory(model_repository=cached_repo, response_cache_bytes=1 << 20))
+    await core.start()
+    try:
+        for _ in range(2):
+            with pytest.raises(BadInputError):
+                await core.infer("digits-mlp", None, _request(DIGITS[:2, :10]))
+        assert core.cache is not None and len(core.cache) == 0
+    finally:
+        await core.stop()
+
+
+async def test_a_retired_version_takes_its_answers_along(settings_factory, cached_repo) -> None:
+    settings = settings_factory(
+        model_repository=cached_repo, response_cache_bytes=1 << 20,
+        model_control_mode="explicit", load_models=["digits-mlp"],
+    )  # fmt: skip
+    core = DataPlane(settings)
+    await core.start()
+    try:
+        await core.infer("digits-mlp", None, _request(DIGITS[:1]))
+        assert core.cache is not None and len(core.cache) == 1 and core.cache.used > 0
+        await core.control.unload("digits-mlp")
+        assert len(core.cache) == 0 and core.cache.used == 0
+    finally:
+        await core.stop()
+
+
+def test_the_byte_budget_holds_under_unique_inputs() -> None:
+    owner = object()
+    rows = np.random.default_rng(0).random((500, 64), dtype=np.float32)
+    entry = 10 * 4 + ENTRY_OVERHEAD  # one row's ten float32 logits
+    cache = ResponseCache(budget=20 * entry)
+    for row in rows:
+        key = cache.key(owner, {"input": row[None]}, None)
+        cache.put(key, {"logits": np.ones((1, 10), np.float32)}, owner)
+        assert cache.used <= cache.budget
+    assert len(cache) == 20  # the most recent twenty
+    last = cache.key(owner, {"input": rows[-1][None]}, None)
+    first = cache.key(owner, {"input": rows[0][None]}, None)
+    assert cache.get(last) is not None and cache.get(first) is None
+    cache.put(b"huge", {"x": np.ones(10_000, np.float32)}, owner)  # above the whole budget
+    assert cache.get(b"huge") is None and cache.used <= cache.budget
+
+
+def test_kept_arrays_are_copies_that_cannot_change() -> None:
+    owner, logits = object(), np.zeros((2, 10), np.float32)
+    cache = ResponseCache(budget=1 << 20)
+    cache.put(b"k", {"logits": logits[:1]}, owner)  # a view into a larger batch's output
+    logits[0, 0] = 5.0
+    kept = cache.get(b"k")
+    assert kept is not None and kept["logits"][0, 0] == 0.0
+    assert kept["logits"].base is None and not kept["logits"].flags.writeable
