@@ -128,6 +128,10 @@ class Judge:
         ``goal`` or below); each point is shown as ``unit`` of its row (default: ``measure``)."""
         if not (a and b):
             return
+        failed = errors_of(a) + errors_of(b)
+        if failed:  # a point with errors measured something else than its target asks
+            self.rows.append((name, f"not measured: {failed} failed answers in its points", False))
+            return
 
         def value(row: dict[str, Any]) -> float:
             return unit(row) if unit is not None else float(row[measure])
@@ -368,6 +372,11 @@ class Judge:
                 errors == 0,
             )
         )
+
+
+def errors_of(row: dict[str, Any]) -> int:
+    """A point's failed answers (non-2xx or socket errors), over all its rounds."""
+    return int(row.get("rounds_errors", row.get("errors", 0)))
 
 
 def megabytes(row: dict[str, Any]) -> float:

@@ -591,3 +591,58 @@ def test_the_crossover_is_the_first_batch_cuda_answers_more_rows() -> None:
     rows += [{"variant": "CUDA", "batch": b, "rows_per_s": r} for b, r in cuda]
     assert crossover(rows) == 8
     assert crossover(rows[:3]) is None
+
+
+def test_only_successful_answers_count() -> None:
+    """A server answering 503 to half its requests: wrk's count of answers is not its
+    throughput, and a target read from its points is not measured (issue 55)."""
+    from bench.judge import targets
+    from bench.results import Results
+
+    def point(scenario: str, rps: float, errors: int) -> dict:
+        return {"scenario": scenario, "concurrency": 1, "rps": rps, "rounds_rps": [rps] * 3,
+                "errors": errors, "rounds_errors": errors}  # fmt: skip
+
+    results = Results(environment={}, http=[point("v1 predict, batching on", 100, 150),
+                                            point("v1 predict, batching off", 90, 0)])  # fmt: skip
+    measured = {target: (shown, met) for target, shown, met in targets(results, "large")}
+    assert measured["v1 at c=1: batching on >= off"] == (
+        "not measured: 150 failed answers in its points",
+        False,
+    )
+    assert measured["zero errors (every round of every point but the peers')"][1] is False
+
+
+def test_wrk_counts_successes_only(tmp_path: Path) -> None:
+    """Through wrk itself, against a server that answers every other request with 503."""
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk missing: `make tools` installs it")
+    import http.server
+    import threading
+
+    from bench.wrk import Request, run_wrk
+
+    class Flaky(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        served = 0
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            Flaky.served += 1
+            self.send_response(503 if Flaky.served % 2 else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        row = run_wrk(f"http://127.0.0.1:{server.server_address[1]}", Request("/", b"x", {}),
+                      1, 1, None)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert row["errors"] >= row["requests"] // 2 - 1 > 0
+    answered = row["requests"] - row["errors"]
+    assert row["rps"] < row["requests"] * 0.6 and row["rps"] >= answered * 0.5  # successes only
