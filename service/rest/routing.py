@@ -178,7 +178,7 @@ class DirectRoutes:
         tracing = self._plane.tracing
         if tracing is None or not self._plane.trace_settings.pick(model):
             return None
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        carrier = request_headers(scope)
         route = scope["route"].path
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"],
                       "http.route": route, "triton.model_name": model}  # fmt: skip
