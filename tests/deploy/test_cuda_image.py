@@ -14,15 +14,20 @@ from deploy import cuda_image
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _copy_checked_files(root: Path) -> None:
+    """The three files the check reads, copied under ``root`` to be planted in."""
+    for name in ("pyproject.toml", "Dockerfile.cuda", "deploy/cuda_image.json"):
+        (root / name).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+
+
 def test_the_cuda_image_carries_what_onnxruntime_gpu_links() -> None:
     assert cuda_image.check() == []
 
 
 def test_a_base_of_another_cuda_major_is_caught(tmp_path: Path) -> None:
     """Planted: the base before this check (CUDA 12.8) under today's pin (CUDA 13)."""
-    for name in ("pyproject.toml", "Dockerfile.cuda", "deploy/cuda_image.json"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        shutil.copy(ROOT / name, tmp_path / name)
+    _copy_checked_files(tmp_path)
     dockerfile = tmp_path / "Dockerfile.cuda"
     image = cuda_image.base_image(dockerfile)
     dockerfile.write_text(dockerfile.read_text().replace(
@@ -33,9 +38,7 @@ def test_a_base_of_another_cuda_major_is_caught(tmp_path: Path) -> None:
 
 
 def test_a_pin_the_record_does_not_describe_is_caught(tmp_path: Path) -> None:
-    for name in ("pyproject.toml", "Dockerfile.cuda", "deploy/cuda_image.json"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        shutil.copy(ROOT / name, tmp_path / name)
+    _copy_checked_files(tmp_path)
     pyproject = tmp_path / "pyproject.toml"
     version = cuda_image.pinned_version(pyproject)
     pyproject.write_text(pyproject.read_text().replace(f"=={version}", "==9.9.9"))
