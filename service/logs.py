@@ -9,6 +9,7 @@ request being served (a context variable the faces set), which both formats writ
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -29,9 +30,14 @@ TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FIELDS = ("request_id", "model", "version", "method", "path", "status", "duration_ms", "peer")
 
 
+# A fresh id is this process's random prefix and a count: unique, not secret, and cheap.
+_PREFIX = format(getrandbits(32), "08x")
+_COUNT = itertools.count(getrandbits(16))
+
+
 def new_request_id() -> str:
-    """A fresh request id: 16 random hex digits (unique, not secret: no system call)."""
-    return format(getrandbits(64), "016x")
+    """A fresh request id: 16 hex digits, this process's random 8 and a count."""
+    return f"{_PREFIX}{next(_COUNT) & 0xFFFFFFFF:08x}"
 
 
 def checked_request_id(given: str | None) -> str:
@@ -102,6 +108,8 @@ class LogControl(logging.Filter):
         super().__init__()
         self.configure(level, log_format)
 
+    verbose = False  # DEBUG lines are logged: an access line per request
+
     def configure(self, level: str, log_format: str) -> LogControl:
         """Back to the settings' level and format, every severity on; this control."""
         self.base_level = logging.getLevelName(level.upper())
@@ -140,6 +148,8 @@ class LogControl(logging.Filter):
     def apply(self) -> None:
         verbose = self.values["log_verbose_level"] > 0
         logger.setLevel(logging.DEBUG if verbose else self.base_level)
+        # Read per request (``wants_access``): an attribute, not the logger's level lookup.
+        self.verbose = logger.isEnabledFor(logging.DEBUG)
         chosen = formatter(self.values["log_format"])
         for handler in logging.getLogger().handlers:
             if type(handler) is logging.StreamHandler:  # ours; a test's capture keeps its own
@@ -185,7 +195,7 @@ class LogControl(logging.Filter):
 
 def wants_access(access_log: bool) -> bool:
     """Whether a request is logged: always under GELU_ACCESS_LOG, else at verbose levels."""
-    return access_log or logger.isEnabledFor(logging.DEBUG)
+    return access_log or LOGS.verbose
 
 
 LOGS = LogControl()

@@ -338,17 +338,17 @@ class MetricsMiddleware:
 def start_request_id(scope: Scope) -> None:
     """Set the request's id, for its log lines and its answer: its X-Request-ID header, else
     a fresh one; ``BadInputError`` (with a fresh one set) for a header that is unsafe."""
-    given = None
     for key, value in scope["headers"]:
         if key == _REQUEST_ID_KEY:
-            given = value.decode("latin-1")
-            break
-    scope[REQUEST_ID_GIVEN] = given is not None
-    try:
-        request_id.set(checked_request_id(given))
-    except BadInputError:
-        request_id.set(new_request_id())
-        raise
+            scope[REQUEST_ID_GIVEN] = True
+            try:
+                request_id.set(checked_request_id(value.decode("latin-1")))
+            except BadInputError:
+                request_id.set(new_request_id())
+                raise
+            return
+    scope[REQUEST_ID_GIVEN] = False
+    request_id.set(new_request_id())
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
