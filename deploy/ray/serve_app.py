@@ -34,7 +34,7 @@ class _Aborted(Exception):
 
 class _RayContext:
     """What ``InferenceServicer`` needs of a gRPC context, on Ray's: ``abort`` sets the
-    status and details Ray's proxy answers with; metadata is the call's."""
+    status and details Ray's proxy answers with; metadata is the call's, both ways."""
 
     def __init__(self, context: Any) -> None:
         self._context = context
@@ -46,6 +46,10 @@ class _RayContext:
 
     def invocation_metadata(self) -> Any:
         return self._context.invocation_metadata()
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        """The request id comes back as trailing metadata (Ray's proxy adds its own)."""
+        self._context.set_trailing_metadata(list(metadata))
 
 
 def _grpc_method(name: str, empty: type) -> Callable[..., Awaitable[Any]]:

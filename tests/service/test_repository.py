@@ -224,11 +224,11 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
         config.read_text()
         + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         + 'parameters { key: "x" value: { string_value: "y" } }\n'
-        + 'model_warmup [ { name: "w" batch_size: 1 } ]\n'
+        + "optimization { priority: PRIORITY_MAX }\n"
     )
     core = await started(settings_factory, repo, inline_max_us=0)
     try:
-        assert "digits-mlp/config.pbtxt: model_warmup, parameters read but not honoured" in (
+        assert "digits-mlp/config.pbtxt: optimization, parameters read but not honoured" in (
             caplog.text
         )
         assert core.repository is not None
