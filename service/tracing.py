@@ -72,6 +72,7 @@ class Tracing:
         for exporter in exporters:
             self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("gelu_serve", __version__)
+        self._fields = propagate.get_global_textmap().fields  # OTEL_PROPAGATORS' headers
 
     @classmethod
     def from_environment(cls) -> Tracing | None:
@@ -86,16 +87,22 @@ class Tracing:
         carrier: Mapping[str, str],
         began_ns: int,
         attributes: dict[str, Any],
-    ) -> RequestTrace:
+    ) -> RequestTrace | None:
         """A request's trace: its span, started at ``began_ns`` (perf) under the caller's
-        context in ``carrier`` (its headers or metadata, lower-case names)."""
+        context in ``carrier`` (its headers or metadata, lower-case names); None when the
+        sampler drops it, so that a request sampled out pays for no stage or batch span."""
+        # Extracting costs microseconds: only where a propagator's header is there to read.
+        fields = self._fields
+        context = propagate.extract(carrier) if any(f in carrier for f in fields) else None
         span = self.tracer.start_span(
             name,
-            context=propagate.extract(carrier),
+            context=context,
             kind=trace.SpanKind.SERVER,
             attributes=attributes,
             start_time=epoch_ns(began_ns),
         )
+        if not span.is_recording():
+            return None
         return RequestTrace(self, span)
 
     def shutdown(self) -> None:

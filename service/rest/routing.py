@@ -184,7 +184,8 @@ class DirectRoutes:
                       "http.route": route, "triton.model_name": model}  # fmt: skip
         trace = tracing.begin(f"{scope['method']} {route}", carrier, time.perf_counter_ns(),
                               attributes)  # fmt: skip
-        scope[TRACE] = trace
+        if trace is not None:
+            scope[TRACE] = trace
         return trace
 
 

@@ -343,3 +343,17 @@ def _change_tracing(got: Receiver, servers: Iterator[Any]) -> None:
         assert traced("digits-mlp") == 2  # off for this model alone
     finally:
         next(servers, None)
+
+
+def test_a_request_the_sampler_drops_makes_no_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampled out, a request gets no RequestTrace: no stage or batch span is made for it."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    from service.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    tracing = Tracing([ConsoleSpanExporter()])
+    assert tracing.begin("r", {}, time.perf_counter_ns(), {}) is None
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    sampled = Tracing([ConsoleSpanExporter()]).begin("r", {}, time.perf_counter_ns(), {})
+    assert sampled is not None and sampled.span.is_recording()

@@ -1,0 +1,83 @@
+"""What one V1 predict costs through the HTTP app, in process: no server, no socket, no
+client, so two revisions can be set side by side where wrk's noise is larger than their
+difference.
+
+    python bench/asgi_path.py REPOSITORY [REQUESTS]
+    PYTHONPATH=OTHER_CHECKOUT python bench/asgi_path.py REPOSITORY   # another revision's app
+
+It starts the app's lifespan (models loaded and warmed), then calls the app directly with
+one small request at a time (``REQUESTS``, default 20,000) and prints the mean microseconds
+per request over the second half (the first warms caches). The app is whatever
+``service.rest.app`` the interpreter imports, so the same script times any revision that has
+``create_app(settings)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+
+async def _started(app: Any) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
+    """The app's lifespan, started; its task and the queue that stops it."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    ready = asyncio.get_running_loop().create_future()
+    await inbox.put({"type": "lifespan.startup"})
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"].startswith("lifespan.startup") and not ready.done():
+            ready.set_result(message["type"])
+
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+    task = asyncio.create_task(app(scope, inbox.get, send))
+    if await ready != "lifespan.startup.complete":
+        raise RuntimeError("the app did not start")
+    return task, inbox
+
+
+async def main(repository: str, requests: int) -> float:
+    from service.rest.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(model_repository=repository, grpc_port=0, log_level="warning")
+    app = create_app(settings)
+    task, inbox = await _started(app)
+    body = json.dumps({"instances": [[0.5] * 64]}).encode()
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    statuses: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    def scope() -> dict[str, Any]:
+        return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "method": "POST", "scheme": "http", "path": "/v1/models/digits-mlp:predict",
+                "raw_path": b"/v1/models/digits-mlp:predict", "query_string": b"",
+                "root_path": "", "headers": headers, "client": ("127.0.0.1", 1),
+                "server": ("127.0.0.1", 8000), "state": {}}  # fmt: skip
+
+    half = requests // 2
+    for _ in range(half):
+        await app(scope(), receive, send)
+    began = time.perf_counter()
+    for _ in range(requests - half):
+        await app(scope(), receive, send)
+    took = time.perf_counter() - began
+    assert set(statuses) == {200}, set(statuses)
+    await inbox.put({"type": "lifespan.shutdown"})
+    await task
+    return took / (requests - half) * 1e6
+
+
+if __name__ == "__main__":
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
+    print(f"{asyncio.run(main(sys.argv[1], count)):.2f} us/request")
