@@ -651,3 +651,22 @@ def test_wrk_counts_successes_only(tmp_path: Path) -> None:
     assert row["errors"] >= row["requests"] // 2 - 1 > 0
     answered = row["requests"] - row["errors"]
     assert row["rps"] < row["requests"] * 0.6 and row["rps"] >= answered * 0.5  # successes only
+
+
+def test_the_readme_prices_tls_and_tracing_from_the_committed_run() -> None:
+    """README's TLS and tracing ratios, and performance.md's table, are the committed run's."""
+    from bench.results import OVER_TLS, TRACED
+
+    run = json.loads((ROOT / "docs/runs/tls-and-tracing-2026-11-27/benchmarks.json").read_text())
+    rps = {(r["scenario"], r["concurrency"]): r["rps"] for r in run["http"]}
+    plain = rps[("v1 predict, batching on", 64)]
+    readme = (ROOT / "README.md").read_text()
+    sentence = " ".join(readme.split())
+    one, every = (rps[(TRACED[ratio], 64)] / plain for ratio in ("0.01", "1.0"))
+    over_tls = rps[(OVER_TLS, 64)] / plain
+    assert f"{one:.2f}x at a 1 % sampler, {every:.2f}x at 100 %; TLS {over_tls:.2f}x" in sentence
+    table = (ROOT / "docs/performance.md").read_text()
+    for name in (OVER_TLS, *TRACED.values()):
+        ratios = f"{rps[(name, 1)] / rps[('v1 predict, batching on', 1)]:.2f}x / "
+        ratios += f"{rps[(name, 64)] / plain:.2f}x"
+        assert ratios in table, name
