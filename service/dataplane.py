@@ -99,10 +99,9 @@ def top_classes(
     return classes if batched else classes.reshape(-1)
 
 
-def instance_group(info: ModelInfo) -> dict[str, Any]:
-    """Triton's ``instance_group`` for a version: on the GPU its session's CUDA provider runs
-    on, or on the CPU."""
-    cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
+def instance_group(info: ModelInfo, cuda: dict[str, str] | None) -> dict[str, Any]:
+    """Triton's ``instance_group`` for a version: on the GPU its session's CUDA provider
+    (whose options in force are ``cuda``) runs on, or on the CPU."""
     if cuda is None:
         return {"kind": "KIND_CPU", "count": info.instance_count}
     return {"kind": "KIND_GPU", "count": info.instance_count, "gpus": [int(cuda["device_id"])]}
@@ -282,8 +281,8 @@ class DataPlane:
         if info.dynamic_batching:
             batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
             config["dynamic_batching"] = batching
-        config["instance_group"] = [instance_group(info)]
         cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
+        config["instance_group"] = [instance_group(info, cuda)]
         if cuda is not None:
             # Triton's place for the CUDA provider's options (its onnxruntime backend's).
             accelerator = {"name": "cuda", "parameters": cuda}

@@ -24,6 +24,12 @@ def train_quick(out: Path, *args: str) -> Path:
     return out
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """The event loop the service runs on (``pytest.mark.anyio`` tests): asyncio's."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One quick checkpoint per architecture (and the tanh MLP)."""

@@ -19,11 +19,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def cached_repo(tmp_path: Path, model_repository: Path) -> Path:
     """The test repository, digits-mlp with `response_cache { enable: true }`."""
     root = tmp_path / "repo"

@@ -59,7 +59,8 @@ def test_a_cuda_version_is_described_as_triton_would() -> None:
         provider_options={"CUDAExecutionProvider": {"device_id": "3", "use_tf32": "0"}},
         instance_count=2, memory_bytes=0, dynamic_batching=False, max_queue_delay_us=None,
     )  # fmt: skip
-    assert instance_group(info) == {"kind": "KIND_GPU", "count": 2, "gpus": [3]}
+    cuda = info.provider_options["CUDAExecutionProvider"]
+    assert instance_group(info, cuda) == {"kind": "KIND_GPU", "count": 2, "gpus": [3]}
 
 
 def test_a_cpu_build_is_named_as_the_reason() -> None:

@@ -24,11 +24,6 @@ from tests.helpers import DIGITS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_core_runs_inference_and_activations_without_fastapi(
     settings_factory, model_repository: Path

@@ -23,11 +23,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def repo(tmp_path: Path, model_repository: Path) -> Path:
     """A private copy of the test repository, free to change."""
     root = tmp_path / "repo"

@@ -21,11 +21,6 @@ pytest.importorskip("model_signing")  # the [signing] extra
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _key_pair(folder: Path, name: str) -> tuple[Path, Path]:
     """A PEM elliptic-curve private key and its public key, as files."""
     from cryptography.hazmat.primitives import serialization
