@@ -27,7 +27,7 @@ request_id: ContextVar[str | None] = ContextVar("gelu_request_id", default=None)
 FORMATS = ("default", "ISO8601", "json")  # Triton's two, and one object per line
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The fields a record may carry (``extra=``) that the JSON format writes, in this order.
-FIELDS = ("request_id", "model", "version", "method", "path", "status", "duration_ms", "peer")
+FIELDS = ("request_id", "model", "version", "method", "path", "status", "duration_ms")
 
 
 # A fresh id is this process's random prefix and a count: unique, not secret, and cheap.

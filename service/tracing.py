@@ -154,7 +154,7 @@ class RequestTrace:
     def since(self, stage: str, start_ns: int) -> int:
         """A stage that ran from ``start_ns`` until now; now (perf ns)."""
         now = time.perf_counter_ns()
-        self.stages.append((stage, start_ns, now))
+        self.mark(stage, start_ns, now)
         return now
 
     def ran(self, queued_ns: int, began_ns: int, took_ns: int, batch: BatchTrace | None) -> None:
@@ -163,9 +163,6 @@ class RequestTrace:
         self.stages.append(("queue", queued_ns, began_ns))
         self.stages.append(("compute", began_ns, began_ns + took_ns))
         self.batch = batch
-
-    def set(self, attributes: Mapping[str, Any]) -> None:
-        self.span.set_attributes(attributes)
 
     def end(self, status: int, attributes: Mapping[str, Any], end_ns: int) -> None:
         """Its stages as child spans, then its own span, with the answer's ``status`` (an
