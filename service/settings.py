@@ -180,7 +180,8 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         description="From a request's first byte to the end of its headers; slower gets 408 "
-        "and the connection is closed (gRPC: a connection's HTTP/2 handshake).",
+        "and the connection is closed. Also bounds a TLS handshake (both faces) and gRPC's HTTP/2 "
+        "handshake.",
     )
     body_timeout_seconds: float = Field(
         30.0,

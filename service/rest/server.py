@@ -79,12 +79,38 @@ def http_server(
         timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
         **http_options(settings),
         **(tls.uvicorn_options() if tls else {}),
+        # uvicorn's --loop takes "module:factory": this one bounds TLS handshakes.
+        loop=f"{__name__}:{HandshakeBoundedLoop.__name__}" if tls else "auto",
     )
     server = GracefulServer(
         config, drain, settings.drain_seconds, settings.graceful_shutdown_seconds
     )
     server.tls = tls
+    server.handshake_timeout = settings.header_timeout_seconds
     return server
+
+
+try:  # uvicorn[standard] brings uvloop; plain asyncio where it cannot be installed
+    from uvloop import Loop as _BaseLoop
+except ImportError:  # pragma: no cover
+    from asyncio import SelectorEventLoop as _BaseLoop  # type: ignore[assignment]
+
+
+class HandshakeBoundedLoop(_BaseLoop):
+    """uvicorn's event loop (uvloop), whose TLS servers time a stalled handshake out after
+    ``handshake_timeout`` seconds. uvicorn passes no ``ssl_handshake_timeout`` to
+    ``create_server``, so a client that stalls its handshake would hold a connection for the
+    loop's default, 60 s. ``GracefulServer`` sets the bound before uvicorn creates its servers.
+    """
+
+    handshake_timeout: float | None = None
+
+    async def create_server(  # type: ignore[override]  # forwards every overload as given
+        self, *args: Any, **kwargs: Any
+    ) -> asyncio.AbstractServer:
+        if kwargs.get("ssl") is not None and kwargs.get("ssl_handshake_timeout") is None:
+            kwargs["ssl_handshake_timeout"] = self.handshake_timeout
+        return await super().create_server(*args, **kwargs)
 
 
 class GracefulServer(uvicorn.Server):
@@ -112,10 +138,14 @@ class GracefulServer(uvicorn.Server):
         self._graceful_seconds = graceful_seconds
         self._drain_until: float | None = None
         self.tls: TlsFiles | None = None  # read again when replaced, while serving
+        self.handshake_timeout: float | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         if self.tls is not None and self.config.ssl is not None:
             self.tls.harden(self.config.ssl)  # uvicorn made it from the files: TLS 1.2 and up
+            loop = asyncio.get_running_loop()
+            if isinstance(loop, HandshakeBoundedLoop):
+                loop.handshake_timeout = self.handshake_timeout
         await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

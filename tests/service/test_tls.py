@@ -102,11 +102,12 @@ def _https(port: int, context: ssl.SSLContext, path: str = "/v2/health/ready",
 
 @contextmanager
 def tls_server(
-    repository: Path, pki: Pki, client_auth: str = "none"
+    repository: Path, pki: Pki, client_auth: str = "none", **settings: str
 ) -> Iterator[tuple[int, int, subprocess.Popen[str]]]:
     grpc_port = free_port()
     env = {"GELU_TLS_CERT_FILE": str(pki.cert_file), "GELU_TLS_KEY_FILE": str(pki.key_file),
-           "GELU_GRPC_PORT": str(grpc_port), "GELU_TLS_CLIENT_AUTH": client_auth}  # fmt: skip
+           "GELU_GRPC_PORT": str(grpc_port), "GELU_TLS_CLIENT_AUTH": client_auth,
+           **{f"GELU_{name.upper()}": value for name, value in settings.items()}}  # fmt: skip
     if client_auth != "none":
         env["GELU_TLS_CLIENT_CA_FILE"] = str(pki.ca_file)
     context = pki.context(client=client_auth != "none")
@@ -154,6 +155,18 @@ def test_tls_on_both_faces_with_every_client(model_repository: Path, pki: Pki) -
         assert _probe(free_port(), tls_env) == 1  # nothing there
 
 
+def stalled_handshake_closed(port: int) -> bool:
+    """Whether a client that starts a TLS handshake and stalls is closed within 15 s."""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+        sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello record, no more
+        try:
+            return sock.recv(100) == b""
+        except TimeoutError:
+            return False
+        except OSError:  # reset: closed too
+            return True
+
+
 def http_client_plaintext(port: int) -> bytes | None:
     """What a plaintext HTTP request to ``port`` reads back (None: the connection closed)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -171,7 +184,12 @@ def test_mutual_tls_admits_only_clients_with_a_certificate(
     import grpc
     import tritonclient.grpc as grpcclient
 
-    with tls_server(model_repository, pki, client_auth="required") as (port, grpc_port, _):
+    with tls_server(model_repository, pki, client_auth="required", header_timeout_seconds="2") as (
+        port, grpc_port, _,
+    ):  # fmt: skip
+        # A stalled handshake is timed out like slow headers, on both faces (asyncio's own
+        # bound is 60 s), and the server goes on serving.
+        assert stalled_handshake_closed(port) and stalled_handshake_closed(grpc_port)
         assert _https(port, pki.context(client=True), PREDICT, BODY)[0] == 200
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             _https(port, pki.context(client=False))
