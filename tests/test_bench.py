@@ -670,3 +670,20 @@ def test_the_readme_prices_tls_and_tracing_from_the_committed_run() -> None:
         ratios = f"{rps[(name, 1)] / rps[('v1 predict, batching on', 1)]:.2f}x / "
         ratios += f"{rps[(name, 64)] / plain:.2f}x"
         assert ratios in table, name
+
+
+def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
+    """docs/runs/tracing-off-2026-11-27 quotes what its pairs.py makes of its runs."""
+    import importlib.util
+
+    folder = ROOT / "docs/runs/tracing-off-2026-11-27"
+    spec = importlib.util.spec_from_file_location("pairs", folder / "pairs.py")
+    assert spec is not None and spec.loader is not None
+    pairs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pairs)
+    page = (folder / "README.md").read_text()
+    one, two = folder / "sitting-1.txt", folder / "sitting-2.txt"
+    for files, a, b in [((one,), "head", "notrace"), ((two,), "head", "notrace"),
+                        ((one, two), "head", "notrace"), ((two,), "head", "aa")]:  # fmt: skip
+        median, low, high = pairs.difference(pairs.runs(*files), a, b)
+        assert f"{median:.2f} µs [{low:.2f}, {high:.2f}]" in page
