@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 
 from service.errors import BadInputError, ModelLoadError, NotReadyError
 from service.repository import ModelRepository
+from service.repository.demand import OnDemand
 from service.settings import Settings
 
 # Triton's answer to a load or unload outside explicit mode.
@@ -23,16 +24,23 @@ class ControlForbiddenError(NotReadyError):
 class ModelControl:
     """Load, unload and index the models of ``repository()`` (503 while it is not started)."""
 
-    def __init__(self, settings: Settings, repository: Callable[[], ModelRepository]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        repository: Callable[[], ModelRepository],
+        on_demand: Callable[[], OnDemand | None] = lambda: None,
+    ) -> None:
         self.settings = settings
         self._repository = repository
+        self._on_demand = on_demand
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the repository with its versions' states and reasons."""
         return self._repository().index(ready_only)
 
     async def load(self, name: str, parameters: Iterable[str] = ()) -> None:
-        """Load or reload ``name`` (explicit mode only), as its repository directory holds it.
+        """Load or reload ``name`` (explicit and on_demand modes), as its repository directory
+        holds it; in on_demand mode within the budget, unloading the least recently used.
         ``parameters`` names the load request's parameters: Triton's overrides, ``config`` and
         ``file:<path>``, are refused rather than ignored (a client sending them expects the
         model they describe); any other is ignored."""
@@ -44,16 +52,20 @@ class ModelControl:
                     "in the model repository (config.pbtxt and the version directories); change "
                     "the files there and load again"
                 )
+        repository, on_demand = self._repository(), self._on_demand()
         try:
-            await self._repository().load(name)
+            await (on_demand.load(name) if on_demand is not None else repository.load(name))
         except ModelLoadError as exc:
             raise BadInputError(f"failed to load {name!r}: {exc}") from None
 
     async def unload(self, name: str) -> None:
-        """Stop serving ``name`` once its requests finish (explicit mode only)."""
+        """Stop serving ``name`` once its requests finish (explicit and on_demand modes)."""
         self._check_control()
         await self._repository().unload(name)
+        on_demand = self._on_demand()
+        if on_demand is not None:
+            on_demand.record()
 
     def _check_control(self) -> None:
-        if self.settings.model_control_mode != "explicit":
+        if self.settings.model_control_mode not in ("explicit", "on_demand"):
             raise ControlForbiddenError(CONTROL_FORBIDDEN)

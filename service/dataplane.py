@@ -51,6 +51,7 @@ from service.logs import LOGS
 from service.metrics import Metrics
 from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
+from service.repository.demand import OnDemand
 from service.repository.layout import model_names
 from service.runtime import Model, Runtime, dims_match
 from service.settings import PROVIDER_NAMES, Settings
@@ -123,7 +124,9 @@ class DataPlane:
         self._codec_threads: anyio.CapacityLimiter | None = None
         self._activation_threads: anyio.CapacityLimiter | None = None
         self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
-        self.control = ModelControl(settings, self._repository)  # the repository extension
+        self.on_demand: OnDemand | None = None  # GELU_MODEL_CONTROL_MODE=on_demand's loads
+        # The repository extension; in on_demand mode its loads keep to the budget.
+        self.control = ModelControl(settings, self._repository, lambda: self.on_demand)
         self.logs = LOGS  # the logging extension: the process's, configured as the app starts
         # Credentials by route class (GELU_RESTRICTED_API, GELU_CONTROL_TOKEN); None: all open.
         self.restrictions = Restrictions.from_settings(settings)
@@ -158,6 +161,8 @@ class DataPlane:
         names = model_names(root)
         if settings.model_control_mode == "explicit" and "*" not in settings.load_models:
             names = settings.load_models
+        elif settings.model_control_mode == "on_demand":
+            names = settings.pinned_models  # the rest at their first request
         for name in names:
             try:
                 # Refusing to start, the refusal is the one line that says why.
@@ -179,6 +184,9 @@ class DataPlane:
             logger.warning("model repository %s: no model is serving", root)
         if settings.model_control_mode == "poll":
             repository.start_polling(settings.repository_poll_seconds)
+        if settings.model_control_mode == "on_demand":
+            self.on_demand = OnDemand(repository, settings, self.metrics)
+            self.on_demand.record()
         self.repository = repository
         self._codec_threads = anyio.CapacityLimiter(1)
         # As many evaluations at once as the cores this process may use hold their threads
@@ -215,6 +223,7 @@ class DataPlane:
     async def stop(self) -> None:
         """Stop polling; every version finishes its requests, then is released."""
         self._activations = None
+        self.on_demand = None
         repository, self.repository = self.repository, None
         if repository is not None:
             await repository.stop()
@@ -310,19 +319,23 @@ class DataPlane:
     ) -> InferenceResult:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
-        served = self._repository().get(name, version)
+        try:
+            served = self._repository().get(name, version)
+        except NotFoundError:
+            if self.on_demand is None:
+                raise
+            began = time.perf_counter_ns()  # the wait for its load counts against its timeout
+            served = await self.on_demand.get(name, version, self._deadline(request, began))
         limit = self.settings.max_queue_size
         if served.in_flight >= limit:
             raise OverloadedError(
                 f"model {name!r} has {served.in_flight} requests queued or running, its maximum "
                 "(GELU_MAX_QUEUE_SIZE); try again shortly"
             )
-        timeout_us = request.timeout_us
-        if timeout_us is None:
-            timeout_us = self.settings.default_timeout_us
         statistics, began, ok = served.runs.statistics, time.perf_counter_ns(), False
-        deadline = Deadline(began, timeout_us) if timeout_us else None
+        deadline = self._deadline(request, began)
         served.in_flight += 1  # a version retired meanwhile finishes this request first
+        served.last_used = began  # on_demand unloads the least recently used
         try:
             model = served.model
             inputs = self._check_inputs(model, request.inputs)
@@ -377,6 +390,14 @@ class DataPlane:
             inputs=inputs,
             id=request.id,
         )
+
+    def _deadline(self, request: InferenceRequest, began: int) -> Deadline | None:
+        """When a request that arrived at ``began`` must have started running (None: never):
+        its 'timeout' parameter, else GELU_DEFAULT_TIMEOUT_US."""
+        timeout_us = request.timeout_us
+        if timeout_us is None:
+            timeout_us = self.settings.default_timeout_us
+        return Deadline(began, timeout_us) if timeout_us else None
 
     def _cached(
         self,

@@ -31,6 +31,7 @@ OPENMETRICS = openmetrics_exposition.CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 COMPUTE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 FLUSH_SECONDS = 1.0  # how stale, at most, one worker's samples are in another's /metrics
 
@@ -212,6 +213,7 @@ class Metrics:
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,
         )  # fmt: skip
+        self._residency(registry)
 
         # In one process, requests in flight are a plain count read at scrape time (a Gauge's
         # inc and dec take a lock each, per request); across workers, each worker's gauge.
@@ -222,6 +224,31 @@ class Metrics:
         # labels() takes a lock and builds a key on each call: each label set's children are
         # looked up once and kept (label values are bounded: routes, served models, statuses).
         self._request_children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
+
+    def _residency(self, registry: CollectorRegistry) -> None:
+        """on_demand mode's (``service.repository.demand``): loads at a model's first request,
+        and unloads of the least recently used to make room."""
+        self.loads = Histogram(
+            "gelu_model_load_seconds", "on_demand: time to load a model, room made included",
+            buckets=LOAD_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.load_waits = Histogram(
+            "gelu_model_load_wait_seconds", "on_demand: time a request waited for its model "
+            "to load", buckets=LOAD_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.evictions = Counter(
+            "gelu_model_evictions", "on_demand: models unloaded to make room for another",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.loaded_models = Gauge(
+            "gelu_loaded_models", "on_demand: models loaded (this process's)",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.loaded_model_bytes = Gauge(
+            "gelu_loaded_model_bytes", "on_demand: bytes the loaded models' sessions hold, as "
+            "GELU_MODEL_MEMORY_BYTES counts them (this process's)",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
 
     def request_started(self) -> None:
         if self.multiprocess:

@@ -242,12 +242,33 @@ class Settings(BaseSettings):
         description="How long a batch waits for more requests, in microseconds, for every "
         "model; unset uses each config.pbtxt max_queue_delay_microseconds.",
     )
-    model_control_mode: Literal["none", "poll", "explicit"] = Field(
+    model_control_mode: Literal["none", "poll", "explicit", "on_demand"] = Field(
         "none",
         description="As Triton's --model-control-mode: none loads every model at start and "
         "never changes them; poll also re-scans the repository every "
         "GELU_REPOSITORY_POLL_SECONDS; explicit loads GELU_LOAD_MODELS at start, then only "
-        "the repository API loads and unloads.",
+        "the repository API loads and unloads. on_demand loads GELU_PINNED_MODELS at start and "
+        "any other model at its first inference request, unloading the least recently used "
+        "when GELU_MAX_LOADED_MODELS or GELU_MODEL_MEMORY_BYTES would be exceeded; the "
+        "repository API loads and unloads too.",
+    )
+    max_loaded_models: int = Field(
+        0,
+        ge=0,
+        description="on_demand: at most this many models loaded at once (0: no bound); the "
+        "least recently used is unloaded to make room.",
+    )
+    model_memory_bytes: int = Field(
+        0,
+        ge=0,
+        description="on_demand: the loaded models' sessions hold at most this many bytes (0: no "
+        "bound), each measured as the process's resident memory grew while its sessions "
+        "opened, never less than its model files (freed memory is reused).",
+    )
+    pinned_models: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="on_demand: models loaded at start and never unloaded to make room, "
+        "comma-separated.",
     )
     repository_poll_seconds: float = Field(
         15.0, gt=0, description="Seconds between repository scans in poll mode."
@@ -325,12 +346,21 @@ class Settings(BaseSettings):
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("load_models", mode="before")
+    @field_validator("load_models", "pinned_models", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _budget(self) -> Settings:
+        if self.max_loaded_models and len(self.pinned_models) > self.max_loaded_models:
+            raise ValueError(
+                f"GELU_PINNED_MODELS names {len(self.pinned_models)} models, more than "
+                f"GELU_MAX_LOADED_MODELS={self.max_loaded_models}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_files(self) -> Settings:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,15 @@ class Served:
     info: ModelInfo | None = None
     in_flight: int = 0
     retired: bool = False
+    last_used: int = field(default_factory=time.perf_counter_ns)  # its last request's arrival
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def memory_bytes(self) -> int:
+        """What its session holds: the resident memory it added as it opened, never less than
+        its model file (``signature`` ends with its size and time), as a session opened in
+        memory freed by another adds nothing to the process's."""
+        return max(self.model.session.memory_bytes, self.signature[-2])
 
     def finished(self) -> None:
         """One request of this version is done (``in_flight`` was raised for it when it
@@ -128,6 +137,14 @@ class ModelRepository:
         """Every serving version."""
         return [s for versions in self._serving.values() for s in versions.values()]
 
+    def loaded(self) -> dict[str, tuple[int, int]]:
+        """Each loaded model's last use (``time.perf_counter_ns``) and its sessions' bytes."""
+        return {
+            name: (max(s.last_used for s in versions.values()),
+                   sum(s.memory_bytes for s in versions.values()))
+            for name, versions in self._serving.items()
+        }  # fmt: skip
+
     def statistics(self, name: str | None, version: str | None) -> list[dict[str, object]]:
         """Triton's statistics of every serving version, of one model's, or of one version."""
         if name is None:
@@ -169,18 +186,19 @@ class ModelRepository:
         """Load (or reload) ``name`` as its files and ``config.pbtxt`` say; the versions that
         load serve, the rest keep what was serving. ``ModelLoadError`` names each failure
         (logged too, unless the caller reports it itself)."""
-        self._check_name(name)
+        self.check_name(name)
         async with self._lock:
             await self._load(name, self.root / name, log_failures)
 
-    async def unload(self, name: str) -> None:
-        """Stop serving every version of ``name``; each finishes its requests first."""
+    async def unload(self, name: str, reason: str = "unloaded") -> bool:
+        """Stop serving every version of ``name``; each finishes its requests first. The
+        index gives ``reason`` for each. Whether any version was serving."""
         if name not in self._serving and name not in self._states:
-            self._check_name(name)
+            self.check_name(name)
         async with self._lock:
-            self._unload(name)
+            return self._unload(name, reason)
 
-    def _check_name(self, name: str) -> None:
+    def check_name(self, name: str) -> None:
         """``NotFoundError`` unless ``name`` is a model of the repository as the index lists
         them: a directory right under the root, by that very name. Not the root itself (""), a
         version directory, a hidden one, or another spelling of a path ("digits-mlp/./1"),
@@ -280,11 +298,14 @@ class ModelRepository:
             self._fail(name, failures, log_failures)
             raise ModelLoadError("; ".join(failures.values()))
 
-    def _unload(self, name: str) -> None:
-        for served in self._serving.pop(name, {}).values():
+    def _unload(self, name: str, reason: str = "unloaded") -> bool:
+        serving = self._serving.pop(name, {})
+        for served in serving.values():
             self._retire(served)
-        states = self._states.get(name, {})
-        self._states[name] = {v: VersionState(UNAVAILABLE, "unloaded") for v in states}
+        if serving or name not in self._states:  # a second unload keeps the first's reason
+            states = self._states.get(name, {})
+            self._states[name] = {v: VersionState(UNAVAILABLE, reason) for v in states}
+        return bool(serving)
 
     def _swap(self, name: str, serving: dict[str, Served]) -> None:
         """The new set takes new requests at once; what it no longer holds is retired."""
