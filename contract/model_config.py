@@ -210,6 +210,25 @@ SERVE_ALL = VersionPolicy("all")
 
 
 @dataclass(frozen=True)
+class EnsembleStep:
+    """One step of Triton's ``ensemble_scheduling``: a model (and version, -1: its latest) fed
+    from the ensemble's tensors (``input_map``: the model's input -> an ensemble tensor), its
+    outputs named as ensemble tensors (``output_map``: the model's output -> a tensor)."""
+
+    model_name: str
+    model_version: int
+    input_map: tuple[tuple[str, str], ...]
+    output_map: tuple[tuple[str, str], ...]
+
+    def to_pbtxt(self) -> str:
+        maps = [f'    {kind} {{ key: "{key}" value: "{value}" }}\n'
+                for kind, pairs in (("input_map", self.input_map), ("output_map", self.output_map))
+                for key, value in pairs]  # fmt: skip
+        return (f'  {{\n    model_name: "{self.model_name}"\n'
+                f"    model_version: {self.model_version}\n" + "".join(maps) + "  }")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """What the service needs from ``config.pbtxt``."""
 
@@ -227,6 +246,7 @@ class ModelConfig:
     instance_count: int = 1  # instance_group: runs of this model at once (counts summed)
     warmups: tuple[Warmup, ...] = ()  # model_warmup: run before a version is ready
     response_cache: bool = False  # response_cache { enable: true }: answers kept (Triton's)
+    steps: tuple[EnsembleStep, ...] = ()  # platform "ensemble": its ensemble_scheduling
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -246,6 +266,9 @@ class ModelConfig:
         if self.dynamic_batching:
             delay = self.max_queue_delay_us or 0
             text += f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay}\n}}\n"
+        if self.steps:
+            steps = ",\n".join(step.to_pbtxt() for step in self.steps)
+            text += f"ensemble_scheduling {{\n step [\n{steps}\n ]\n}}\n"
         return text
 
 
@@ -343,6 +366,23 @@ def _warmups(fields: dict[str, list[Any]]) -> tuple[Warmup, ...]:
     return tuple(warmups)
 
 
+def _steps(fields: dict[str, list[Any]]) -> tuple[EnsembleStep, ...]:
+    """Triton's ``ensemble_scheduling``'s steps, each map a tuple of (key, value) pairs."""
+
+    def pairs(entries: list[dict[str, list[Any]]]) -> tuple[tuple[str, str], ...]:
+        return tuple((str(_one(e, "key", "")), str(_one(e, "value", ""))) for e in entries)
+
+    steps = []
+    for step in _one(fields, "ensemble_scheduling", {}).get("step", []):
+        name = str(_one(step, "model_name", ""))
+        if not name:
+            raise ConfigParseError("ensemble_scheduling: a step without model_name")
+        version = int(_one(step, "model_version", -1))
+        steps.append(EnsembleStep(name, version, pairs(step.get("input_map", [])),
+                                  pairs(step.get("output_map", []))))  # fmt: skip
+    return tuple(steps)
+
+
 def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
     policies = fields.get("version_policy")
     if not policies:
@@ -364,7 +404,8 @@ def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
 # The fields load_model_config interprets; any other is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
-     "version_policy", "instance_group", "model_warmup", "response_cache"}
+     "version_policy", "instance_group", "model_warmup", "response_cache",
+     "ensemble_scheduling"}
 )  # fmt: skip
 
 
@@ -388,4 +429,5 @@ def load_model_config(text: str, directory_name: str | None = None) -> ModelConf
         instance_count=_instance_count(fields),
         warmups=_warmups(fields),
         response_cache=bool(_one(_one(fields, "response_cache", {}), "enable", False)),
+        steps=_steps(fields),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 MODEL_FILENAME = "model.onnx"
 CONFIG_FILENAME = "config.pbtxt"
 PLATFORM = "onnxruntime_onnx"
+ENSEMBLE_PLATFORM = "ensemble"  # Triton's: models run in turn, tensors mapped between them
 OPSET = 20  # the first opset with a native Gelu op
 
 INPUT_NAME = "input"

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
-from service import __version__
+from service import __version__, ensemble
 from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
 from service.auth import Restrictions
 from service.batching import Deadline, timed_infer
@@ -290,6 +290,9 @@ class DataPlane:
         if info.dynamic_batching:
             batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
             config["dynamic_batching"] = batching
+        if info.ensemble_steps:  # Triton's: no instance of its own, its steps
+            config["ensemble_scheduling"] = {"step": info.ensemble_steps}
+            return config
         cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
         config["instance_group"] = [instance_group(info, cuda)]
         if cuda is not None:
@@ -350,6 +353,8 @@ class DataPlane:
                 key, hit = self._cached(cache, model, inputs, names, statistics)
             if hit is not None:
                 results = hit
+            elif model.config.steps:  # an ensemble: each step is a request of its own
+                results = await ensemble.run(model.config, inputs, self.infer, request.timeout_us)
             elif batcher is not None and not batcher.bypass and inline is batcher.inline:
                 results = await batcher.infer(inputs, names, deadline, request.trace)
             else:

@@ -93,6 +93,8 @@ class ModelInfo:
     dynamic_batching: bool
     max_queue_delay_us: int | None
     config_max_batch_size: int = 0  # config.pbtxt's own value
+    # An ensemble's steps as Triton's model configuration JSON has them ([] for a model).
+    ensemble_steps: list[dict[str, Any]] = field(default_factory=list)
 
     def metadata(self, one_version: bool = False) -> dict[str, Any]:
         """The Open Inference Protocol's model metadata, as every face reports it: the model's

@@ -15,8 +15,9 @@ from contract.model_config import (
     derive_model_config,
     load_model_config,
 )
-from contract.names import CONFIG_FILENAME, MODEL_FILENAME, PLATFORM
+from contract.names import CONFIG_FILENAME, ENSEMBLE_PLATFORM, MODEL_FILENAME, PLATFORM
 from contract.signing import SIGNATURE_FILENAME
+from service.ensemble import EnsembleSession, check_steps
 from service.errors import ModelLoadError
 from service.runtime import Model, Runtime, TensorSpec
 from service.signing import Verifier
@@ -43,7 +44,7 @@ def read_config(
         raise ModelLoadError(f"{config_path}: {exc}") from None
     if config.name != model_dir.name:
         raise ModelLoadError(f"{config_path}: name {config.name!r} != directory name")
-    if config.platform != PLATFORM:
+    if config.platform not in (PLATFORM, ENSEMBLE_PLATFORM):
         raise ModelLoadError(f"{config_path}: platform {config.platform!r} is not served")
     return config
 
@@ -67,13 +68,16 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
 
 
 def signature(model_dir: Path, version: int) -> tuple[int, ...]:
-    """What changes when a version's files change: size and modification time of its
-    ``model.onnx``, of its ``model.sig`` and of the model's ``config.pbtxt`` (those it has)."""
+    """What changes when a version's files change: size and modification time of the model's
+    ``config.pbtxt`` and its ``model.sig`` (those it has), then of its ``model.onnx``: (0, 0)
+    where there is none (an ensemble's version has none; any other then fails to load)."""
     config = model_dir / CONFIG_FILENAME
     signed = model_dir / str(version) / SIGNATURE_FILENAME
     paths = [p for p in (config, signed) if p.exists()]
-    stats = [p.stat() for p in [*paths, model_dir / str(version) / MODEL_FILENAME]]
-    return tuple(x for st in stats for x in (st.st_size, st.st_mtime_ns))
+    stats = [(st.st_size, st.st_mtime_ns) for st in map(Path.stat, paths)]
+    model = model_dir / str(version) / MODEL_FILENAME
+    stats.append((0, 0) if not model.exists() else (model.stat().st_size, model.stat().st_mtime_ns))
+    return tuple(x for pair in stats for x in pair)
 
 
 def config_completer(
@@ -113,6 +117,11 @@ def load_version(
     checked against ``config`` and warmed; ``ModelLoadError`` if not. Blocks: call it off
     the event loop."""
     label = f"{model_dir.name}/{version}"
+    if config.platform == ENSEMBLE_PLATFORM:  # its steps run, each a model of its own
+        check_steps(config, model_dir.parent, read_config)
+        logger.info("loaded %s: an ensemble of %s", label, [s.model_name for s in config.steps])
+        meta = ModelMetadata(name=config.name, version=str(version), arch=ENSEMBLE_PLATFORM)
+        return Model(model_dir.name, str(version), config, EnsembleSession(config), meta)
     if verifier is not None:
         verifier.check(model_dir / str(version), label)
     session = runtime.open(model_dir / str(version) / MODEL_FILENAME, label)

@@ -362,6 +362,8 @@ class ModelRepository:
             self.metrics.providers.labels(model.name, model.version, provider).set(1)
         if model.warmup_runs:
             self.metrics.warmup_runs.labels(model.name, model.version).inc(model.warmup_runs)
+        if config.steps:  # an ensemble: its steps are batched, each by its own batcher
+            return Served(model, None, 0, files, Runs(model, self.metrics))
         batching = settings.batching and config.dynamic_batching and config.max_batch_size > 0
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
@@ -430,6 +432,15 @@ class ModelRepository:
             dynamic_batching=config.dynamic_batching,
             max_queue_delay_us=config.max_queue_delay_us,
             config_max_batch_size=config.max_batch_size,
+            ensemble_steps=[
+                {
+                    "model_name": step.model_name,
+                    "model_version": step.model_version,
+                    "input_map": dict(step.input_map),
+                    "output_map": dict(step.output_map),
+                }
+                for step in config.steps
+            ],
         )
 
     # ---- scanning (off the loop) -------------------------------------------------------------

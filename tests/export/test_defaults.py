@@ -46,6 +46,9 @@ def test_readme_table_matches_a_fresh_build(tmp_path: Path) -> None:
     assert "1 torch thread(s)" in out
     assert "digits-mlp epoch 1/" in out and "train_loss=" in out
     assert "digits-autoencoder epoch 2/" in out
+    # The default ensemble, written once its steps are there.
+    assert "digits-reconstruct-classify: the ensemble" in out
+    assert (repository / "digits-reconstruct-classify" / "config.pbtxt").is_file()
     printed = out[out.index(TABLE_BEGIN) :].rstrip("\n")
     assert_tables_agree(printed, readme_table())
     assert_tables_agree(table(repository), readme_table())
