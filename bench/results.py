@@ -54,6 +54,11 @@ OVER_TLS = "v1 predict, over TLS"
 
 TRACED = {"0.01": "v1 predict, traced 1 %", "1.0": "v1 predict, traced 100 %"}
 
+# The batching-on server with Triton's response cache on for the small model: every request
+# the same (each a hit after the first), and every request different (each a miss, inserted).
+CACHE_HIT = "v1 predict, response cache hit"
+CACHE_MISS = "v1 predict, response cache miss (unique inputs)"
+
 
 @dataclass
 class Results:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -56,6 +58,8 @@ from bench.measure import (
 from bench.proc import cpu_list
 from bench.results import (
     ASGI_FLOOR,
+    CACHE_HIT,
+    CACHE_MISS,
     ECHO_AS_SERVED,
     FLOOR_AS_SERVED,
     FLOOR_AS_SERVED_ONE,
@@ -76,7 +80,7 @@ from bench.results import (
     probe_text,
 )
 from bench.speed import HostSpeed
-from bench.wrk import Request
+from bench.wrk import UNIQUE, Request
 from contract.model_config import load_model_config
 
 
@@ -127,6 +131,7 @@ class Run:
         self.client_cpus = self.every_cpu if args.client_cpu is None else str(args.client_cpu)
         self.tls_folder = tempfile.TemporaryDirectory(prefix="gelu-bench-tls-")
         self.tls_env, self.tls = tls_setup(Path(self.tls_folder.name))
+        self.cache_env = self.cached_small(Path(self.tls_folder.name) / "cached")
         self.host = HostSpeed(cpu_list(self.every_cpu))
         self.scenarios: list[Scenario] = []  # the order the report lists them in
 
@@ -145,6 +150,15 @@ class Run:
             f"steal {row['steal_cores']:.2f}  probe {probe_text(row) or '?'} ms",
             flush=True,
         )
+
+    def cached_small(self, root: Path) -> dict[str, str]:
+        """Batching on, over a repository of the small model alone with Triton's response
+        cache enabled (``response_cache { enable: true }``) and a budget for it."""
+        shutil.copytree(self.repository / SMALL, root / SMALL)
+        config = root / SMALL / "config.pbtxt"
+        config.write_text(config.read_text() + "response_cache { enable: true }\n")
+        return {**self.on_env, "GELU_MODEL_REPOSITORY": str(root),
+                "GELU_RESPONSE_CACHE_BYTES": str(64 << 20)}  # fmt: skip
 
     def traced_env(self, ratio: str) -> dict[str, str]:
         """Batching on, with OpenTelemetry sampling ``ratio`` of the requests into the sink."""
@@ -244,9 +258,17 @@ class Run:
         arguments: list[tuple[Any, ...]] = [(SERVICE_APP, env, 1, cpus, ready) for env in states]
         tls_env = {**self.on_env, **self.tls_env}
         arguments.append((SERVICE_APP, tls_env, 1, cpus, ready, self.tls))
-        on, off, again, *traced, over_tls = started_in_turn(arguments, round_index, stack)
+        arguments.append((SERVICE_APP, self.cache_env, 1, cpus, ready))
+        on, off, again, *traced, over_tls, cached = started_in_turn(arguments, round_index, stack)
         names = [OVER_TLS, *TRACED.values()]
-        beside = [(n, t, self.small["v1"]) for n, t in zip(names, [over_tls, *traced], strict=True)]
+        v1 = self.small["v1"]
+        beside = [(n, t, v1) for n, t in zip(names, [over_tls, *traced], strict=True)]
+        # The instance's first two values a pair new in every request: all misses.
+        instances = json.loads(v1.body)["instances"]
+        instances[0][:2] = [UNIQUE.decode()]
+        body = json.dumps({"instances": instances}).encode().replace(b'"%s"' % UNIQUE, UNIQUE)
+        unique = Request(v1.path, body, v1.headers)
+        beside += [(CACHE_HIT, cached, v1), (CACHE_MISS, cached, unique)]
         return on, off, again, beside
 
     def service_pass(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ local f = io.open("{body}", "rb")
 wrk.body = f:read("*all")
 f:close()
 {headers}
+{unique}
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -30,9 +32,25 @@ end
 """
 
 
+# A body whose requests must all differ (a response cache's misses): wrk writes two numbers in
+# place of this marker, a pair new in each request, from a start new for each run. Two: a JSON
+# number becomes a float32, exact only below 2**24; the pair counts to 2**36 exactly.
+UNIQUE = b"UNIQUE"
+_UNIQUE_SCRIPT = """
+local head, tail = wrk.body:match("^(.-)UNIQUE(.*)$")
+local n = {start}
+request = function()
+  n = n + 1
+  local pair = string.format("%.0f, %.0f", math.floor(n / 4096), n % 4096)
+  return wrk.format(nil, nil, nil, head .. pair .. tail)
+end
+"""
+
+
 @dataclass(frozen=True)
 class Request:
-    """What every request of a run sends."""
+    """What every request of a run sends (with ``UNIQUE`` in ``body``: two numbers in its
+    place, a pair different in every request)."""
 
     path: str
     body: bytes
@@ -52,7 +70,10 @@ def run_wrk(
             f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in request.headers.items()
         )
         script = Path(tmp) / "script.lua"
-        script.write_text(_SCRIPT.format(body=body, headers=headers))
+        unique = ""
+        if UNIQUE in request.body:
+            unique = _UNIQUE_SCRIPT.format(start=random.randrange(1 << 35))
+        script.write_text(_SCRIPT.format(body=body, headers=headers, unique=unique))
         command = [
             "wrk",
             "-t1",

@@ -39,11 +39,13 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         off = driven_pass.index("v1 predict, batching off")
         assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
-    from bench.results import OVER_TLS, TRACED
+    from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED
 
-    # batching on over TLS, and traced at 1 % and 100 %: driven beside it, each pass
-    beside_on = {OVER_TLS, *TRACED.values()}
+    # batching on over TLS, traced at 1 % and 100 %, and with its response cache hit and
+    # missed: driven beside it, each pass, every answer a success
+    beside_on = {OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS}
     assert beside_on <= {row["scenario"] for row in report["http"]}
+    assert all(r["errors"] == 0 for r in report["http"] if r["scenario"] in beside_on)
     # the service's servers are new processes in each pass; the floor's runs throughout
     pids = {row["scenario"]: row["rounds_server_pid"] for row in report["http"]}
     assert len(set(pids["v1 predict, batching on"])) == 2, pids
@@ -65,6 +67,8 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         # the service's points say the mean batch they ran in (of 1-sample requests, at c=4)
         if "predict, batching off" in row["scenario"]:
             assert row["mean_batch"] == 1.0, row
+        elif row["scenario"] == CACHE_HIT:  # every answer from the cache: nothing ran
+            assert row["mean_batch"] == 0.0, row
         elif "predict, batching on" in row["scenario"] or row["scenario"] in beside_on:
             assert 1.0 <= row["mean_batch"] <= 4.0, row
         else:
