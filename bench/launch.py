@@ -27,10 +27,6 @@ from bench.wrk import Request
 SERVICE_APP = "service.rest.app:create_app"
 
 
-# Every server process alive in this run; all but the one measured are paused at each point.
-LIVE: set[int] = set()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,11 +92,9 @@ def serve(
         time.sleep(settle)  # let every worker finish its start-up
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
-        LIVE.add(process.pid)
         scheme = "https" if tls is not None else "http"
         yield Server(f"{scheme}://127.0.0.1:{port}", process.pid, pinned, tls=tls)
     finally:
-        LIVE.discard(process.pid)
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=30)
@@ -153,10 +147,9 @@ def tls_setup(folder: Path) -> tuple[dict[str, str], ssl.SSLContext]:
 @contextmanager
 def otlp_sink(port: int, cpus: str) -> Iterator[Server]:
     """``bench.otlp_sink`` on ``cpus`` (the client's): it answers the traced servers' exports
-    while they are measured, so it is never paused with the servers not driven."""
+    while they are measured."""
     command = [sys.executable, "-m", "bench.otlp_sink", str(port)]
     with serve(command, {}, cpus, port, "/ready", settle=0) as started:
-        LIVE.discard(started.pid)
         yield started
 
 
@@ -184,10 +177,8 @@ def grpc_floor(cpus: str) -> Iterator[Server]:
             grpc.channel_ready_future(channel).result(timeout=60)
         pinned = cpu_list(cpus)
         pin_tree(process.pid, pinned)
-        LIVE.add(process.pid)
         yield Server("", process.pid, pinned, address)
     finally:
-        LIVE.discard(process.pid)
         process.terminate()
         process.wait(timeout=30)
 

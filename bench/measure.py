@@ -21,8 +21,8 @@ import numpy as np
 from bench.arguments import ROOT
 from bench.floor import GRPC_METHOD
 from bench.grpc_load import STREAM_METHOD, run_grpc
-from bench.launch import LIVE, Server, connection
-from bench.proc import UsageMeter, check_pinned, cpu_model, paused
+from bench.launch import Server, connection
+from bench.proc import UsageMeter, check_pinned, cpu_model
 from bench.results import SMALL
 from bench.speed import HostSpeed
 from bench.wrk import Request, run_wrk
@@ -85,22 +85,21 @@ def measure(
 ) -> dict[str, Any]:
     """One wrk point with the server's CPU use, the steal and (given ``host``) the probe's
     readings on the server's CPUs (``host_ms``); measured again (up to ``ATTEMPTS`` times)
-    while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen. Every other server
-    of the run is paused meanwhile (see ``paused``)."""
+    while the steal exceeds ``MAX_STEAL`` cores, keeping the least stolen. No other server is
+    paused: each idles as it would beside any other."""
     best: dict[str, Any] = {}
     for attempt in range(1, ATTEMPTS + 1):
         threads = check_pinned(target.pid, target.cpus)
-        with paused(pid for pid in LIVE if pid != target.pid):
-            before = batch_totals(target) if target.batches else (0.0, 0.0)
-            meter = UsageMeter(target.pid)
-            meter.start()
-            start = time.monotonic()
-            row = drive(target, request, connections, seconds, client_cpu)
-            host_ms = host.during(target.cpus, start, time.monotonic()) if host else {}
-            usage = meter.stop()
-            if target.batches:  # the mean batch the point's requests ran in
-                samples, runs = (a - b for a, b in zip(batch_totals(target), before, strict=True))
-                row["mean_batch"] = samples / runs if runs else 0.0
+        before = batch_totals(target) if target.batches else (0.0, 0.0)
+        meter = UsageMeter(target.pid)
+        meter.start()
+        start = time.monotonic()
+        row = drive(target, request, connections, seconds, client_cpu)
+        host_ms = host.during(target.cpus, start, time.monotonic()) if host else {}
+        usage = meter.stop()
+        if target.batches:  # the mean batch the point's requests ran in
+            samples, runs = (a - b for a, b in zip(batch_totals(target), before, strict=True))
+            row["mean_batch"] = samples / runs if runs else 0.0
         row.update(
             server_cores=usage.server_cores,
             steal_cores=usage.steal_cores,

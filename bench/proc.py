@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,35 +184,3 @@ class UsageMeter:
         cpu = cpu_seconds(self.pid) - self._cpu if self.pid else 0.0
         preempted = preempted_since(self._preempted, self.pid) if self.pid else 0
         return Usage(cpu / elapsed, (steal_seconds() - self._steal) / elapsed, preempted)
-
-
-def _stopped(pid: int) -> bool:
-    """True once ``pid`` is stopped (or gone)."""
-    try:
-        return stat_fields(pid)[0] in "Tt"
-    except OSError:
-        return True
-
-
-@contextlib.contextmanager
-def paused(pids: Iterable[int]) -> Iterator[None]:
-    """Every process of each ``pid``'s tree stopped (SIGSTOP) for the block, then continued.
-
-    The bench keeps every server alive on the one server core; an idle one still wakes (its
-    timers, its worker processes, a peer's metrics and schedulers) and shares that core's time
-    and caches with the server being measured, which costs a Python-heavy server more than the
-    floor. Stopped, they cannot.
-    """
-    stopped = [process for pid in pids for process in process_tree(pid)]
-    for process in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process, signal.SIGSTOP)
-    deadline = time.monotonic() + 2.0  # a signal is delivered when its process next runs
-    while time.monotonic() < deadline and not all(map(_stopped, stopped)):
-        time.sleep(0.005)
-    try:
-        yield
-    finally:
-        for process in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process, signal.SIGCONT)

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench import instructions
 from bench.arguments import ACTIVATION_VALUES, ROOT
-from bench.judge import HOST_MATCH, megabytes, targets_table
+from bench.judge import HOST_MATCH, megabytes, targets_table, unsaturated
 from bench.measure import ATTEMPTS, MAX_STEAL
 from bench.results import ASGI_FLOOR, HTTP_FLOOR, Results, probe_text
 
@@ -70,14 +70,19 @@ def how_it_was_run(results: Results) -> list[str]:
         f"FastAPI {env['fastapi']}, uvicorn {env['uvicorn']}, {env['wrk']}",
         f"- servers: one uvicorn process each, every thread pinned to CPU(s) "
         f"{env['server_cpus']} (checked before each point); wrk (1 thread) on CPU "
-        f"{env['client_cpu']}; {env['seconds_per_run']} s per point; every other server of the "
-        "run stopped (SIGSTOP, its whole process tree) while one is measured. The 2-worker "
-        "rows: the server's two processes and wrk all free to use both cores. Every client "
+        f"{env['client_cpu']}; {env['seconds_per_run']} s per point; every server, the "
+        "floors' and peers' too, a new process for each pass, and none paused: the others idle "
+        "beside the one measured. The 2-worker rows: the server's two processes and wrk all "
+        "free to use both cores (`server cores` and `client cores` say what each used; the "
+        "2-worker target is judged against the floor's own 2-worker gain). Every client "
         "runs as a batch job (`SCHED_BATCH`, `bench.proc.client_command`): sharing a core, it "
         "waits for the server's turn to end instead of preempting it. Stock uvicorn's workers "
         "(the naive app's and the plain floor's 2-worker rows) share one listening socket, and "
         "one of them can accept most of the connections: such a point shows near 1 server core",
-        "- `server cores`: the server's CPU time over the point's wall time; `steal`: cores the "
+        "- `server cores`: the server's CPU time over the point's wall time, flagged on a "
+        "one-worker floor that used under 0.9 of its core where it should have saturated it "
+        "(c >= 4, or the 4 MB echo): a target against such a floor is not measured; `client "
+        "cores`: the load generator's; `steal`: cores the "
         f"hypervisor gave other guests meanwhile (a point above {MAX_STEAL} is measured again, "
         f"up to {ATTEMPTS} times, keeping the least stolen); `probe ms`: the median time a "
         "fixed chunk of Python (under 1 ms) took on each of the server's CPUs during the "
@@ -98,9 +103,12 @@ def how_it_was_run(results: Results) -> list[str]:
         "side by side and at each concurrency every scenario is driven back to back, so a "
         "target's ratio is taken within each round, between points a minute or two apart (batching "
         "on and off one right after the other, in the other order every other round), and "
-        "the median of those is reported beside each round's (`by round`), counting the "
+        "the median of those is reported with its 95 % interval (bootstrap over the rounds: "
+        "with three, their range) beside each round's (`by round`), counting the "
         "rounds whose two points the probe read at one speed (the others in brackets, with how "
-        "far apart; all count if none did); the 2-worker rows "
+        "far apart; all count if none did). A target is met only when its whole interval is on "
+        "the target's side; every batching on-against-off row has the A/A pair beside it (two "
+        "identical batching-off servers, driven as on and off are). The 2-worker rows "
         "are measured in passes of their own after the rest, each one right beside its "
         "1-worker twin (the `--workers 1` rows, pinned as the rest), and compared with it",
     ]
@@ -129,21 +137,32 @@ def inference_table(results: Results) -> list[str]:
         "the same concurrency (the median points'; the targets compare pass by pass).",
         "",
         "| scenario | concurrency | req/s | of floors (FastAPI / ASGI) | p50 ms | p99 ms | "
-        "errors | server cores | CPU µs per request | mean batch | preempted | steal | probe ms "
-        "| attempts | rounds (req/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "errors | server cores | client cores | CPU µs per request | mean batch | preempted | "
+        "steal | probe ms | attempts | rounds (req/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.http:
         mean_batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else ""
         lines.append(
             f"| {r['scenario']} | {r['concurrency']} | {r['rps']:.0f} | "
             f"{of_floors(results, r)} | {r['p50_ms']:.2f} | "
-            f"{r['p99_ms']:.2f} | {r['errors']} | {r['server_cores']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['errors']} | {cores(r)} | {client(r)} | "
             f"{r['cpu_us_per_request']:.0f} | {mean_batch} | "
             f"{r['preempted_per_request']:.3f} | {r['steal_cores']:.2f} | "
             f"{probe_text(r)} | {r['attempts']} | {rounds(r)} |"
         )
     return lines
+
+
+def cores(row: dict[str, Any]) -> str:
+    """A point's server cores, flagged on a floor whose server did not saturate its core."""
+    flag = " (floor not saturated)" if unsaturated(row) is not None else ""
+    return f"{row['server_cores']:.2f}{flag}"
+
+
+def client(row: dict[str, Any]) -> str:
+    """The load generator's cores at a point ("-": a run from before they were kept)."""
+    return f"{row['client_cores']:.2f}" if "client_cores" in row else "-"
 
 
 def of_floors(results: Results, row: dict[str, Any]) -> str:
@@ -170,7 +189,7 @@ def activation_table(results: Results) -> list[str]:
         lines.append(
             f"| {a['scenario']} | {a['concurrency']} | {a['request_bytes']} | {a['rps']:.1f} | "
             f"{megabytes(a):.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['errors']} | "
-            f"{a['server_cores']:.2f} | {a['steal_cores']:.2f} | {probe_text(a)} | "
+            f"{cores(a)} | {a['steal_cores']:.2f} | {probe_text(a)} | "
             f"{rounds(a, '.1f')} |"
         )
     if results.kernels:

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -207,44 +207,47 @@ class Run:
     def one_core_passes(self) -> None:
         """Every 1-worker point, in whole passes.
 
-        One process each, on one core (paused when not driven): the floors, the naive app and
-        the peers for the whole run, the service's servers for one pass each; at each
-        concurrency every scenario is driven back to back, so each ratio compares runs taken
-        within a minute or two, and batching on and off of one protocol one right after the
-        other.
+        Every server of a pass (the floors, the naive app, the peers and the service's) is a
+        new process for it, on the one server core, and none is paused: each idles beside the
+        one measured as it would beside any other. At each concurrency every scenario is
+        driven back to back, so each ratio compares runs taken within a minute or two, and
+        batching on and off of one protocol one right after the other.
         """
-        args, small, cpus = self.args, self.small, self.args.server_cpus
-        model_file = self.repository / SMALL / "1" / "model.onnx"
-        config = load_model_config((self.repository / SMALL / "config.pbtxt").read_text())
-        no_peers: dict[str, Server] = {}
-        compared: AbstractContextManager[dict[str, Server]] = (
-            peers(model_file, config.max_batch_size, cpus) if args.peers else nullcontext(no_peers)
+        with otlp_sink(self.sink_port, self.client_cpus):
+            for round_index in range(self.args.rounds):  # each point's rounds spread out
+                with ExitStack() as stack:
+                    alone, floor, floor_served = self.others(stack)
+                    self.service_pass(round_index, alone, floor, floor_served, stack)
+
+    def others(self, stack: ExitStack) -> tuple[list[Scenario], Server, Server]:
+        """A pass's servers other than the service's, started for it: the floors, the naive
+        app and (with ``--peers``) MLServer and BentoML; their scenarios, the HTTP floor and
+        the floor served as the service serves."""
+        small, cpus = self.small, self.args.server_cpus
+        floor = stack.enter_context(server("bench.floor:create_app", {}, 1, cpus, "/docs"))
+        asgi = stack.enter_context(server("bench.floor:create_asgi_app", {}, 1, cpus, "/docs"))
+        floor_served = stack.enter_context(floor_as_served(cpus))
+        naive = stack.enter_context(
+            server("bench.naive:create_app", self.naive_env, 1, cpus, "/ready")
         )
-        with (
-            compared as others,
-            server("bench.floor:create_app", {}, 1, cpus, "/docs") as floor,
-            server("bench.floor:create_asgi_app", {}, 1, cpus, "/docs") as asgi,
-            floor_as_served(cpus) as floor_served,
-            server("bench.naive:create_app", self.naive_env, 1, cpus, "/ready") as naive,
-            grpc_floor(cpus) as floor_grpc,
-            otlp_sink(self.sink_port, self.client_cpus),
-        ):
-            alone = [
-                (HTTP_FLOOR, floor, self.floor_request),
-                (ASGI_FLOOR, asgi, self.floor_request),
-                (FLOOR_AS_SERVED, floor_served, self.floor_request),
-                ("grpc floor", floor_grpc, small["grpc"]),
-                ("naive app", naive, small["v1"]),
+        floor_grpc = stack.enter_context(grpc_floor(cpus))
+        alone = [
+            (HTTP_FLOOR, floor, self.floor_request),
+            (ASGI_FLOOR, asgi, self.floor_request),
+            (FLOOR_AS_SERVED, floor_served, self.floor_request),
+            ("grpc floor", floor_grpc, small["grpc"]),
+            ("naive app", naive, small["v1"]),
+        ]
+        if self.args.peers:
+            model_file = self.repository / SMALL / "1" / "model.onnx"
+            config = load_model_config((self.repository / SMALL / "config.pbtxt").read_text())
+            others = stack.enter_context(peers(model_file, config.max_batch_size, cpus))
+            bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
+            alone += [
+                (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
+                (f"{PEER_BENTOML}", others["bentoml"], bento_request),
             ]
-            if others:
-                bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
-                alone += [
-                    (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
-                    (f"{PEER_BENTOML}", others["bentoml"], bento_request),
-                ]
-            self.warm(alone)
-            for round_index in range(args.rounds):  # whole passes: each point's rounds spread out
-                self.service_pass(round_index, alone, floor, floor_served)
+        return alone, floor, floor_served
 
     def pass_servers(
         self, round_index: int, stack: ExitStack
@@ -272,7 +275,12 @@ class Run:
         return on, off, again, beside
 
     def service_pass(
-        self, round_index: int, alone: list[Scenario], floor: Server, floor_served: Server
+        self,
+        round_index: int,
+        alone: list[Scenario],
+        floor: Server,
+        floor_served: Server,
+        stack: ExitStack,
     ) -> None:
         """One pass over every 1-worker point, with the service's servers new for it.
 
@@ -282,24 +290,23 @@ class Run:
         docs/performance.md has the measurements behind this and what else was tried.
         """
         args, activation = self.args, self.activation
-        with ExitStack() as stack:
-            on, off, again, beside = self.pass_servers(round_index, stack)
-            pairs, listed = self.paired(on, off, again)
-            pairs.append(beside)
-            listed += beside
-            self.scenarios = alone + listed
-            self.warm(listed)
-            driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)
-            for c in self.concurrencies:
-                for name, target, request in driven:
-                    self.point(name, target, request, c, self.results.http)
-            rows = self.results.activations
-            for c in (1, 4):
-                self.point("echo floor", floor, activation["echo"], c, rows)
-                self.point(ECHO_AS_SERVED, floor_served, activation["echo"], c, rows)
-                self.point("gelu, float32 binary", on, activation["binary"], c, rows)
-                self.point("gelu native, float32 binary", on, activation["native"], c, rows)
-            self.point("gelu, JSON", on, activation["json"], 1, rows)
+        on, off, again, beside = self.pass_servers(round_index, stack)
+        pairs, listed = self.paired(on, off, again)
+        pairs.append(beside)
+        listed += beside
+        self.scenarios = alone + listed
+        self.warm(alone + listed)
+        driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)
+        for c in self.concurrencies:
+            for name, target, request in driven:
+                self.point(name, target, request, c, self.results.http)
+        rows = self.results.activations
+        for c in (1, 4):
+            self.point("echo floor", floor, activation["echo"], c, rows)
+            self.point(ECHO_AS_SERVED, floor_served, activation["echo"], c, rows)
+            self.point("gelu, float32 binary", on, activation["binary"], c, rows)
+            self.point("gelu native, float32 binary", on, activation["native"], c, rows)
+        self.point("gelu, JSON", on, activation["json"], 1, rows)
 
     def worker_passes(self) -> None:
         """Two worker processes against one, in passes of their own.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import resource
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -61,8 +62,8 @@ def run_wrk(
     base_url: str, request: Request, connections: int, seconds: float, cpu: int | None
 ) -> dict[str, Any]:
     """Successful answers per second (only 2xx and 3xx count: an error answer is no
-    throughput), p50 and p99 in ms, errors (non-2xx or socket) and the request's size for one
-    wrk run."""
+    throughput), p50 and p99 in ms, errors (non-2xx or socket), the request's size and the
+    cores wrk used, for one wrk run."""
     with tempfile.TemporaryDirectory() as tmp:
         body = Path(tmp) / "body"
         body.write_bytes(request.body)
@@ -85,6 +86,7 @@ def run_wrk(
             str(script),
             base_url + request.path,
         ]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         output = subprocess.run(
             client_command(command, cpu),
             capture_output=True,
@@ -92,6 +94,7 @@ def run_wrk(
             timeout=seconds + 60,
             check=True,
         ).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next(x for x in output.splitlines() if x.startswith("WRKJSON "))
     raw = json.loads(line.removeprefix("WRKJSON "))
     seconds_run = raw["duration_us"] / 1e6
@@ -103,4 +106,7 @@ def run_wrk(
         "p50_ms": raw["p50_us"] / 1000,
         "p99_ms": raw["p99_us"] / 1000,
         "errors": raw["status_errors"] + raw["socket_errors"],
+        # wrk's own CPU time over the run (it is this process's only child meanwhile)
+        "client_cores": (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        / seconds_run,
     }
