@@ -48,7 +48,9 @@ def environment(peer: Peer) -> Path:
     """The peer's environment's ``bin`` directory, created and installed when missing."""
     venv = ENVIRONMENTS / peer.name
     marker = venv / "requirements.txt"
-    wanted = "\n".join(peer.requirements) + "\n"
+    # Its path too: a venv's scripts name their interpreter by absolute path, so one copied or
+    # moved from elsewhere has scripts that cannot start (exit status 127).
+    wanted = "\n".join([f"# {venv.resolve()}", *peer.requirements]) + "\n"
     if not marker.is_file() or marker.read_text() != wanted:
         print(f"installing {peer.label} into {venv} (once)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
