@@ -118,6 +118,34 @@ def measure(
     return best
 
 
+def answer(target: Server, request: Request) -> np.ndarray:
+    """The probabilities ``target`` answers to one ``request``: a V2 JSON answer's
+    ``probabilities`` output, or a JSON list (BentoML's)."""
+    conn = connection(int(target.url.rsplit(":", 1)[1]), target.tls, timeout=30)
+    try:
+        conn.request("POST", request.path, request.body, request.headers)
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise AssertionError(f"{target.url}{request.path} answered {response.status}: {body!r}")
+    decoded = json.loads(body)
+    if isinstance(decoded, dict):  # V2
+        (output,) = [o for o in decoded["outputs"] if o["name"] == "probabilities"]
+        return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    return np.asarray(decoded, dtype=np.float32)
+
+
+def reference(model_file: Path, x: np.ndarray) -> np.ndarray:
+    """The model's probabilities for ``x``, from onnxruntime in this process."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    (probabilities,) = session.run(["probabilities"], {"input": x.astype(np.float32)})
+    return np.asarray(probabilities)
+
+
 def drive_order(groups: list[list[T]], round_index: int, rounds: int) -> list[T]:
     """The scenarios of pass ``round_index`` of ``rounds``, in the order driven. Each pass
     starts at a different group, so that no scenario is always driven just after the same one

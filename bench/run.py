@@ -27,6 +27,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench import gpu, instructions
 from bench.launch import (
     SERVICE_APP,
@@ -46,12 +48,14 @@ from bench.launch import (
 from bench.measure import (
     activation_kernels,
     activation_requests,
+    answer,
     breakdown,
     compute_floor,
     drive,
     drive_order,
     environment,
     measure,
+    reference,
     requests_for,
     sample_inputs,
 )
@@ -243,10 +247,18 @@ class Run:
             config = load_model_config((self.repository / SMALL / "config.pbtxt").read_text())
             others = stack.enter_context(peers(model_file, config.max_batch_size, cpus))
             bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
-            alone += [
+            compared = [
                 (f"{PEER_MLSERVER} v2-json", others["mlserver"], small["v2-json"]),
                 (f"{PEER_BENTOML}", others["bentoml"], bento_request),
             ]
+            # Each peer's answer is the model's before it is timed: a peer answering something
+            # else (or an error) would be measured doing other work.
+            expected = reference(model_file, sample_inputs(64))
+            for name, peer, request in compared:
+                got = answer(peer, request)
+                if not np.allclose(got, expected, atol=1e-5):
+                    raise AssertionError(f"{name} answers {got}, the model {expected}")
+            alone += compared
         return alone, floor, floor_served
 
     def pass_servers(

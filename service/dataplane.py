@@ -51,7 +51,7 @@ from service.logs import LOGS
 from service.metrics import Metrics
 from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
-from service.repository.demand import OnDemand
+from service.repository.demand import OnDemand, Residency
 from service.repository.layout import model_names
 from service.runtime import Model, Runtime, dims_match
 from service.settings import PROVIDER_NAMES, Settings
@@ -312,8 +312,14 @@ class DataPlane:
     def statistics(
         self, name: str | None = None, version: str | None = None
     ) -> list[dict[str, object]]:
-        """Triton's statistics: every serving version, one model's, or one version's."""
-        return self._repository().statistics(name, version)
+        """Triton's statistics: every serving version, one model's, or one version's; in
+        on_demand mode each with its model's ``residency`` (loads, unloads, waits)."""
+        stats = self._repository().statistics(name, version)
+        if self.on_demand is not None:
+            residency = self.on_demand.residency
+            for entry in stats:
+                entry["residency"] = residency.get(str(entry["name"]), Residency()).to_json()
+        return stats
 
     # ---- inference -----------------------------------------------------------------------------
 

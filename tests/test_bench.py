@@ -695,3 +695,41 @@ def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
                         ((one, two), "head", "notrace"), ((two,), "head", "aa")]:  # fmt: skip
         median, low, high = pairs.difference(pairs.runs(*files), a, b)
         assert f"{median:.2f} µs [{low:.2f}, {high:.2f}]" in page
+
+
+def test_a_peers_answer_is_read_as_the_models_probabilities() -> None:
+    """Before a pass is timed, each peer's answer is compared with the model's: read from a V2
+    JSON answer (MLServer's) or a JSON list (BentoML's); an error answer stops the run."""
+    import http.server
+    import threading
+
+    from bench.launch import Server
+    from bench.measure import answer
+    from bench.wrk import Request
+
+    v2 = {"outputs": [{"name": "probabilities", "shape": [1, 2], "data": [0.25, 0.75]}]}
+    answers = {"/v2": v2, "/list": [[0.25, 0.75]]}
+
+    class Peer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps(answers.get(self.path, {"error": "no"})).encode()
+            self.send_response(200 if self.path in answers else 500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Peer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    peer = Server(f"http://127.0.0.1:{server.server_address[1]}", 0, {0})
+    try:
+        for path in answers:
+            got = answer(peer, Request(path, b"{}", {"Content-Type": "application/json"}))
+            assert got.tolist() == [[0.25, 0.75]]
+        with pytest.raises(AssertionError, match="answered 500"):
+            answer(peer, Request("/broken", b"{}", {}))
+    finally:
+        server.shutdown()

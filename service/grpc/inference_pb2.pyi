@@ -559,7 +559,7 @@ class InferBatchStatistics(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
 
 class ModelStatistics(_message.Message):
-    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats", "batch_stats")
+    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats", "batch_stats", "residency")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_INFERENCE_FIELD_NUMBER: _ClassVar[int]
@@ -567,6 +567,7 @@ class ModelStatistics(_message.Message):
     EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_STATS_FIELD_NUMBER: _ClassVar[int]
     BATCH_STATS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     last_inference: int
@@ -574,7 +575,18 @@ class ModelStatistics(_message.Message):
     execution_count: int
     inference_stats: InferStatistics
     batch_stats: _containers.RepeatedCompositeFieldContainer[InferBatchStatistics]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ..., batch_stats: _Optional[_Iterable[_Union[InferBatchStatistics, _Mapping]]] = ...) -> None: ...
+    residency: ModelResidency
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ..., batch_stats: _Optional[_Iterable[_Union[InferBatchStatistics, _Mapping]]] = ..., residency: _Optional[_Union[ModelResidency, _Mapping]] = ...) -> None: ...
+
+class ModelResidency(_message.Message):
+    __slots__ = ("loads", "evictions", "waits")
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    loads: StatisticDuration
+    evictions: int
+    waits: StatisticDuration
+    def __init__(self, loads: _Optional[_Union[StatisticDuration, _Mapping]] = ..., evictions: _Optional[int] = ..., waits: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
 
 class ModelStatisticsRequest(_message.Message):
     __slots__ = ("name", "version")

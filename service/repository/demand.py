@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from service.batching import Deadline
 from service.errors import ModelLoadError, NotFoundError, NotReadyError, OverloadedError
@@ -28,6 +29,22 @@ logger = logging.getLogger("gelu_serve")
 ATTEMPTS = 3
 
 
+@dataclass
+class Residency:
+    """One model's loads, unloads to make room, and waits for a load, since start (its
+    statistics' ``residency``): counts, and nanoseconds for loads and waits."""
+
+    loads: int = 0
+    load_ns: int = 0
+    evictions: int = 0
+    waits: int = 0
+    wait_ns: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {"loads": {"count": self.loads, "ns": self.load_ns}, "evictions": self.evictions,
+                "waits": {"count": self.waits, "ns": self.wait_ns}}  # fmt: skip
+
+
 class OnDemand:
     """Loads ``repository``'s models as requests ask for them, within the budget."""
 
@@ -38,6 +55,8 @@ class OnDemand:
         self.pinned = frozenset(settings.pinned_models)
         self.metrics = metrics
         self._loading: dict[str, asyncio.Task[None]] = {}
+        # By model name: bounded by the repository's models (a request for any other is 404).
+        self.residency: dict[str, Residency] = {}
 
     async def get(self, name: str, version: str | None, deadline: Deadline | None) -> Served:
         """A serving version of ``name``, loading the model first if it is not loaded: 404
@@ -60,7 +79,7 @@ class OnDemand:
             task = asyncio.get_running_loop().create_task(self._load(name))
             self._loading[name] = task
             task.add_done_callback(self._loaded)
-        began = time.perf_counter()
+        began = time.perf_counter_ns()
         try:
             timeout = None if deadline is None else max(0.0, deadline.seconds_left())
             await asyncio.wait_for(asyncio.shield(task), timeout)
@@ -72,7 +91,11 @@ class OnDemand:
         except ModelLoadError as exc:
             raise NotReadyError(f"model {name!r} cannot be loaded: {exc}") from None
         finally:
-            self.metrics.load_waits.observe(time.perf_counter() - began)
+            waited = time.perf_counter_ns() - began
+            self.metrics.load_waits.observe(waited / 1e9)
+            residency = self.residency.setdefault(name, Residency())
+            residency.waits += 1
+            residency.wait_ns += waited
 
     def _loaded(self, task: asyncio.Task[None]) -> None:
         name = next(n for n, t in self._loading.items() if t is task)
@@ -86,14 +109,18 @@ class OnDemand:
         await self._load(name)
 
     async def _load(self, name: str) -> None:
-        began = time.perf_counter()
+        began = time.perf_counter_ns()
         if self.max_models is not None:  # room first: a model too many is never opened
             await self._make_room(name, self.max_models - 1, None)
         try:
             await self.repository.load(name)
         finally:
             self.record()
-        self.metrics.loads.observe(time.perf_counter() - began)
+        took = time.perf_counter_ns() - began
+        self.metrics.loads.observe(took / 1e9)
+        residency = self.residency.setdefault(name, Residency())
+        residency.loads += 1
+        residency.load_ns += took
         await self._make_room(name, self.max_models, self.max_bytes)
         self.record()
 
@@ -120,6 +147,7 @@ class OnDemand:
             if await repository.unload(victim, reason):  # another load may have been first
                 logger.info("%s %s", victim, reason)
                 self.metrics.evictions.labels(victim).inc()
+                self.residency.setdefault(victim, Residency()).evictions += 1
 
     def record(self) -> None:
         """The loaded models' count and bytes, to /metrics."""

@@ -77,6 +77,11 @@ async def test_models_load_at_their_first_request_and_the_least_used_make_room(
         assert metric(core, "gelu_model_evictions_total") == 4
         assert metric(core, "gelu_model_load_seconds_count") == 6
         assert metric(core, "gelu_loaded_models") == 3
+        # and in the statistics of each loaded model: m2 loaded twice, unloaded once between
+        (m2,) = core.statistics("m2")
+        residency = m2["residency"]
+        assert residency["loads"]["count"] == 2 and residency["loads"]["ns"] > 0  # type: ignore[index]
+        assert residency["evictions"] == 1 and residency["waits"]["count"] == 2  # type: ignore[index]
         with pytest.raises(NotFoundError, match="no model 'nope'"):
             await core.infer("nope", None, request())
         with pytest.raises(NotFoundError, match="version '7'"):
@@ -227,6 +232,7 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
         for driver in drivers:
             driver.join(timeout=60)
         metrics = get(port, "/metrics")[1].decode()
+        stats = json.loads(get(port, "/v2/models/stats")[1])["model_stats"]
         index = json.loads(http_post(port, "/v2/repository/index", b"{}"))
     assert set(statuses) == {200}, statuses  # not one request failed
     assert sum(statuses.values()) > 200
@@ -242,6 +248,10 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
     assert values["gelu_loaded_models"] <= 20
     ready = {e["name"] for e in index if e.get("state") == "READY"}
     assert set(pinned) <= ready and len(ready) <= 20
+    # Triton's statistics of each loaded model carry its loads, unloads and waits
+    # (the pinned ones were loaded at start, not on demand)
+    assert all(e["residency"]["loads"]["count"] >= 1 for e in stats if e["name"] not in pinned)
+    assert sum(e["residency"]["evictions"] for e in stats) > 0
     per_model = values["gelu_loaded_model_bytes"] / values["gelu_loaded_models"]
     assert max(resident) - start_rss <= 20 * per_model + RSS_CONSTANT, (resident, start_rss)
 
