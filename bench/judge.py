@@ -108,6 +108,16 @@ def by_round(
     ]
 
 
+def beside(results: Results, scenario: str, base: str, c: int) -> tuple[float, float, float]:
+    """``scenario`` against ``base`` at concurrency ``c``, as a target's ratio is taken: the
+    median of its passes (those whose points the probe read at one speed, else all) and its
+    95 % interval. For rows with no target: TLS, tracing and the cache against batching on."""
+    ratios = by_round(results.find(results.http, scenario, c), results.find(results.http, base, c))
+    alike = [ratio for ratio, far in ratios if far is None or far <= HOST_MATCH]
+    judged = alike or [ratio for ratio, _ in ratios]
+    return (statistics.median(judged), *interval(judged))
+
+
 Target = tuple[str, str, bool]  # what is judged, what was measured, whether it was met
 
 
