@@ -133,9 +133,10 @@ class Run:
         self.naive_env = {"GELU_NAIVE_MODEL": str(repository / SMALL / "1" / "model.onnx")}
         self.sink_port = free_port()  # bench.otlp_sink, for the traced servers' spans
         self.client_cpus = self.every_cpu if args.client_cpu is None else str(args.client_cpu)
-        self.tls_folder = tempfile.TemporaryDirectory(prefix="gelu-bench-tls-")
-        self.tls_env, self.tls = tls_setup(Path(self.tls_folder.name))
-        self.cache_env = self.cached_small(Path(self.tls_folder.name) / "cached")
+        # The run's own files: its TLS certificates, the small model with its cache on.
+        self.scratch = tempfile.TemporaryDirectory(prefix="gelu-bench-")
+        self.tls_env, self.tls = tls_setup(Path(self.scratch.name))
+        self.cache_env = self.cached_small(Path(self.scratch.name) / "cached")
         self.host = HostSpeed(cpu_list(self.every_cpu))
         self.scenarios: list[Scenario] = []  # the order the report lists them in
 

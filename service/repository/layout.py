@@ -75,8 +75,11 @@ def signature(model_dir: Path, version: int) -> tuple[int, ...]:
     signed = model_dir / str(version) / SIGNATURE_FILENAME
     paths = [p for p in (config, signed) if p.exists()]
     stats = [(st.st_size, st.st_mtime_ns) for st in map(Path.stat, paths)]
-    model = model_dir / str(version) / MODEL_FILENAME
-    stats.append((0, 0) if not model.exists() else (model.stat().st_size, model.stat().st_mtime_ns))
+    try:
+        model = (model_dir / str(version) / MODEL_FILENAME).stat()
+        stats.append((model.st_size, model.st_mtime_ns))
+    except FileNotFoundError:
+        stats.append((0, 0))
     return tuple(x for pair in stats for x in pair)
 
 
