@@ -78,7 +78,7 @@ class OnDemand:
             self.repository.check_name(name)  # 404 before anything is loaded or unloaded
             task = asyncio.get_running_loop().create_task(self._load(name))
             self._loading[name] = task
-            task.add_done_callback(self._loaded)
+            task.add_done_callback(lambda done: self._loaded(name, done))
         began = time.perf_counter_ns()
         try:
             timeout = None if deadline is None else max(0.0, deadline.seconds_left())
@@ -97,8 +97,7 @@ class OnDemand:
             residency.waits += 1
             residency.wait_ns += waited
 
-    def _loaded(self, task: asyncio.Task[None]) -> None:
-        name = next(n for n, t in self._loading.items() if t is task)
+    def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
         del self._loading[name]
         if not task.cancelled():
             task.exception()  # its waiters were told; one that timed out is not
@@ -132,7 +131,7 @@ class OnDemand:
         while True:
             loaded = repository.loaded()
             count_over = models is not None and len(loaded) > models
-            bytes_over = size is not None and sum(b for _, b in loaded.values()) > size
+            bytes_over = size is not None and held(loaded) > size
             if not (count_over or bytes_over):
                 return
             spared = self.pinned | {loading}
@@ -153,4 +152,9 @@ class OnDemand:
         """The loaded models' count and bytes, to /metrics."""
         loaded = self.repository.loaded()
         self.metrics.loaded_models.set(len(loaded))
-        self.metrics.loaded_model_bytes.set(sum(bytes_ for _, bytes_ in loaded.values()))
+        self.metrics.loaded_model_bytes.set(held(loaded))
+
+
+def held(loaded: dict[str, tuple[int, int]]) -> int:
+    """The bytes the loaded models' sessions hold, from ``ModelRepository.loaded()``."""
+    return sum(size for _used, size in loaded.values())

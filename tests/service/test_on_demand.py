@@ -13,6 +13,7 @@ import pytest
 from service.dataplane import DataPlane
 from service.errors import NotFoundError, NotReadyError, OverloadedError
 from service.inference import InferenceRequest, RequestInput
+from service.repository import demand
 from service.settings import SettingsError, load_settings
 from tests.helpers import DIGITS
 from tests.onnx_models import write_model
@@ -108,7 +109,7 @@ async def test_the_byte_budget_holds(settings_factory, many: Path) -> None:
         for name in MODELS:
             await core.infer(name, None, request())
             assert core.repository is not None
-            held = sum(size for _used, size in core.repository.loaded().values())
+            held = demand.held(core.repository.loaded())
             assert held <= one * 2 + one // 2
             assert metric(core, "gelu_loaded_model_bytes") == held
         assert 1 <= len(loaded(core)) <= 2 and metric(core, "gelu_model_evictions_total") >= 4
