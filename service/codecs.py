@@ -438,6 +438,8 @@ def client_size(value: bytes) -> int | None:
     (which refuses over 4,300 digits with a ValueError)."""
     if not value.isdigit():
         return None
+    if len(value) <= 18:
+        return int(value)
     value = value.lstrip(b"0") or b"0"
     return int(value) if len(value) <= 18 else 1 << 62
 

@@ -31,13 +31,13 @@ FIELDS = ("request_id", "model", "version", "method", "path", "status", "duratio
 
 
 # A fresh id is this process's random prefix and a count: unique, not secret, and cheap.
-_PREFIX = format(getrandbits(32), "08x")
+_FORMAT = format(getrandbits(32), "08x") + "%08x"
 _COUNT = itertools.count(getrandbits(16))
 
 
 def new_request_id() -> str:
     """A fresh request id: 16 hex digits, this process's random 8 and a count."""
-    return f"{_PREFIX}{next(_COUNT) & 0xFFFFFFFF:08x}"
+    return _FORMAT % (next(_COUNT) & 0xFFFFFFFF)
 
 
 def checked_request_id(given: str | None) -> str:

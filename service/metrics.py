@@ -7,10 +7,12 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from prometheus_client import (
@@ -22,6 +24,7 @@ from prometheus_client import (
     multiprocess,
     values,
 )
+from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
 
@@ -151,6 +154,110 @@ def _defer_multiprocess_writes() -> None:
     _start_flushing()
 
 
+class _Count:
+    """One labelled series of a ``LeanCounter``."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value, self.created = 0.0, time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class _Buckets:
+    """One labelled series of a ``LeanHistogram``: a count per bucket (not cumulative), the
+    sum, and the last exemplar of each bucket."""
+
+    __slots__ = ("bounds", "counts", "exemplars", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds, self.counts, self.sum = bounds, [0] * len(bounds), 0.0
+        self.exemplars: list[Exemplar | None] = [None] * len(bounds)
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        index = bisect_left(self.bounds, amount)  # the first bound >= amount, as "le" says
+        self.counts[index] += 1
+        self.sum += amount
+        if exemplar is not None:
+            self.exemplars[index] = Exemplar(exemplar, amount, time.time())
+
+
+class _LeanFamily:
+    """Labelled series kept as plain numbers and turned into samples only when scraped.
+
+    For the series every request updates: prometheus_client's ``Counter`` takes a lock on each
+    update and its ``Histogram`` finds the bucket by a loop in Python, about 6 µs of a small
+    model's 40 µs request in all (``bench/asgi_path.py``; docs/performance.md). Updated on the
+    event loop's thread only, as ``service.statistics`` is; a scrape reads a snapshot. The
+    exposition is prometheus_client's (a test holds the two side by side), less histograms'
+    ``_created`` series. One process only: across workers, ``Metrics`` uses
+    prometheus_client's multiprocess values instead."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self._series: dict[tuple[str, ...], Any] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Any:
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = self._new()
+        return series
+
+    def _new(self) -> Any:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        raise NotImplementedError
+
+
+class LeanCounter(_LeanFamily):
+    """A counter whose series ``labels(...)`` gives (``inc``); see ``_LeanFamily``."""
+
+    def _new(self) -> _Count:
+        return _Count()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, series in list(self._series.items()):
+            family.add_metric(labels, series.value, created=series.created)
+        yield family
+
+
+class LeanHistogram(_LeanFamily):
+    """A histogram whose series ``labels(...)`` gives (``observe``); see ``_LeanFamily``."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+        buckets: Sequence[float],
+    ) -> None:
+        self.bounds = (*(float(b) for b in buckets), math.inf)
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _new(self) -> _Buckets:
+        return _Buckets(self.bounds)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        names = ["+Inf" if b == math.inf else repr(b) for b in self.bounds]
+        for labels, series in list(self._series.items()):
+            cumulative, buckets = 0, []
+            counts, exemplars = list(series.counts), list(series.exemplars)
+            for le, count, exemplar in zip(names, counts, exemplars, strict=True):
+                cumulative += count
+                buckets.append((le, cumulative) if exemplar is None else (le, cumulative, exemplar))
+            family.add_metric(labels, buckets, series.sum)
+        yield family
+
+
 class Metrics:
     """Every metric the service exports."""
 
@@ -161,16 +268,18 @@ class Metrics:
         if multiprocess:
             _defer_multiprocess_writes()
         registry = self.registry
-        self.requests = Counter(
+        # The series each request updates: lean in one process, shared across workers.
+        counter: Any = Counter if multiprocess else LeanCounter
+        histogram: Any = Histogram if multiprocess else LeanHistogram
+        self.requests = counter(
             "gelu_requests", "Requests answered (gRPC: endpoint grpc:<method>)",
-            ["endpoint", "model", "version", "code"],
-            registry=registry,
+            ["endpoint", "model", "version", "code"], registry=registry,
         )  # fmt: skip
-        self.failures = Counter(
+        self.failures = counter(
             "gelu_request_failures", "Requests answered with 4xx or 5xx (gRPC: its equivalent)",
             ["endpoint", "model", "version", "code"], registry=registry,
         )  # fmt: skip
-        self.latency = Histogram(
+        self.latency = histogram(
             "gelu_request_duration_seconds", "Time from request to response",
             ["endpoint", "model", "version"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
@@ -182,18 +291,18 @@ class Metrics:
             "gelu_execution_provider", "1 for each execution provider a session really uses",
             ["model", "version", "provider"], registry=registry, multiprocess_mode="max",
         )  # fmt: skip
-        self.batch_size = Histogram(
+        self.batch_size = histogram(
             "gelu_batch_size", "Samples per onnxruntime run of a model",
             ["model"], buckets=BATCH_BUCKETS, registry=registry,
         )  # fmt: skip
-        self.queue_time = Histogram(
+        self.queue_time = histogram(
             "gelu_batch_queue_seconds",
             "Time a request waited in a batcher for its batch to start (not counted: requests "
             "run unbatched at once, as a lone client's are)",
             ["model"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
 
-        self.compute = Histogram(
+        self.compute = histogram(
             "gelu_compute_seconds", "Time of one onnxruntime run of a model version",
             ["model", "version"], buckets=COMPUTE_BUCKETS, registry=registry,
         )  # fmt: skip
@@ -201,7 +310,7 @@ class Metrics:
             "gelu_model_warmup_runs", "Runs of config.pbtxt's model_warmup samples before a "
             "version turned ready", ["model", "version"], registry=registry,
         )  # fmt: skip
-        self.cache_lookups = Counter(
+        self.cache_lookups = counter(
             "gelu_response_cache_lookups", "Response cache lookups, by model and result "
             "(hit or miss)", ["model", "result"], registry=registry,
         )  # fmt: skip

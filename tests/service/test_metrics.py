@@ -1,10 +1,23 @@
-"""The metrics across processes: what each process writes, and what /metrics sums."""
+"""The metrics: the lean series in one process, and across processes what each writes and
+what /metrics sums."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from service.metrics import (
+    BATCH_BUCKETS,
+    COMPUTE_BUCKETS,
+    LATENCY_BUCKETS,
+    LeanCounter,
+    LeanHistogram,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,3 +100,34 @@ def test_samples_reach_the_files_within_the_flush_interval(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     now, later, own = map(float, result.stdout.split())
     assert (now, later, own) == (0.0, 2.0, 3.0)
+
+
+def _scraped(counter: type, histogram: type, buckets: tuple[float, ...]) -> list[list[str]]:
+    """Both expositions of one counter and one histogram after the same updates, without
+    ``_created`` lines and exemplars' timestamps (which the lean histogram does not keep)."""
+    registry = CollectorRegistry()
+    latency = histogram("h", "a histogram", ["model"], registry=registry, buckets=buckets)
+    requests = counter("c", "a counter", ["model", "code"], registry=registry)
+    for amount in (0, 1e-5, 5e-5, 0.0005, 0.003, 1, 7, 3000, buckets[3]):
+        latency.labels("m").observe(amount)
+    latency.labels("n").observe(0.2, exemplar={"trace_id": "0af7651916cd43dd8448eb211c80319c"})
+    requests.labels("m", "200").inc()
+    requests.labels("m", "200").inc()
+    requests.labels("n", "400").inc(3)
+    text = generate_latest(registry).decode().splitlines()
+    scraped = openmetrics.generate_latest(registry).decode().splitlines()
+    return [
+        [line for line in text if "_created" not in line],
+        [line.rsplit(" ", 1)[0] if " # " in line else line
+         for line in scraped if "_created" not in line],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("buckets", [LATENCY_BUCKETS, COMPUTE_BUCKETS, BATCH_BUCKETS])
+def test_lean_series_scrape_as_prometheus_clients_do(buckets: tuple[float, ...]) -> None:
+    """The series each request updates are kept as plain numbers; scraped, in either format,
+    they read exactly as prometheus_client's own would (exemplars included): a value on a
+    bucket's bound falls in that bucket."""
+    lean = _scraped(LeanCounter, LeanHistogram, buckets)
+    assert lean == _scraped(Counter, Histogram, buckets)
+    assert any('trace_id="0af7651916cd43dd8448eb211c80319c"' in line for line in lean[1])
