@@ -13,6 +13,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from typing import Any, ClassVar
 
 from prometheus_client import (
@@ -208,6 +209,18 @@ class _LeanFamily:
             series = self._series[values] = self._new()
         return series
 
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        """Drop every series whose labels include ``labels`` (prometheus_client's name); a
+        family without one of those labels keeps its series."""
+        if not labels.keys() <= set(self.labelnames):
+            return
+        where = [(self.labelnames.index(k), v) for k, v in labels.items()]
+        self._series = {
+            key: series
+            for key, series in self._series.items()
+            if not all(key[i] == value for i, value in where)
+        }
+
     def _new(self) -> Any:
         raise NotImplementedError
 
@@ -358,6 +371,28 @@ class Metrics:
             "GELU_MODEL_MEMORY_BYTES counts them (this process's)",
             registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
+
+    def forget(self, model: str, version: str, providers: Sequence[str], last: bool) -> None:
+        """Drop the series of a version no longer served, and its model's batching and cache
+        series when ``last`` (no version of it is served): a scrape lists what is served, as
+        Triton's per-model metrics leave with the model. The requests about the model by name
+        alone (load, unload, metadata; version "") stay. Across workers prometheus_client's
+        files keep them all."""
+        if self.multiprocess:
+            return
+        with suppress(KeyError):  # prometheus_client before 0.21 raises for an absent one
+            for provider in providers:
+                self.providers.remove(model, version, provider)
+            self.warmup_runs.remove(model, version)
+        for family in (self.requests, self.failures, self.latency, self.compute):
+            family.remove_by_labels({"model": model, "version": version})
+        for family in (self.batch_size, self.queue_time, self.cache_lookups) if last else ():
+            family.remove_by_labels({"model": model})
+        self._request_children = {
+            key: children
+            for key, children in self._request_children.items()
+            if key[1:3] != (model, version)
+        }
 
     def request_started(self) -> None:
         if self.multiprocess:

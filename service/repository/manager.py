@@ -349,7 +349,12 @@ class ModelRepository:
             await served.drained.wait()
             if served.batcher is not None:
                 await served.batcher.stop()
-            served.model.close()
+            model = served.model
+            providers = model.providers
+            model.close()
+            serving = self._serving.get(model.name, {})
+            if model.version not in serving:  # a reload of the same version keeps its series
+                self.metrics.forget(model.name, model.version, providers, not serving)
 
         task = asyncio.get_running_loop().create_task(drain())
         self._retiring.add(task)

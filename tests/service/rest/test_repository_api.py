@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -67,6 +69,39 @@ def test_explicit_mode_over_http(explicit: TestClient) -> None:
     assert_error(explicit.post("/v2/repository/models/.staging/load"), 404, "no model")
     ready = explicit.post("/v2/repository/index", json={"ready": True}).json()
     assert {e["name"] for e in ready} == {"digits-mlp-tanh"}
+
+
+def _series(client: TestClient, model: str) -> list[str]:
+    """The /metrics lines of ``model``'s series."""
+    return [line for line in client.get("/metrics").text.splitlines()
+            if f'model="{model}"' in line and not line.startswith("#")]  # fmt: skip
+
+
+def test_an_unloaded_models_series_leave_metrics(explicit: TestClient) -> None:
+    """Once its requests are finished, an unloaded model's series leave /metrics (its provider
+    among them: it runs nowhere now), as Triton's do, but for the requests about it by name
+    (version ""); another model's stay, and a reload starts them afresh."""
+    tanh = "digits-mlp-tanh"
+    assert explicit.post(f"/v2/repository/models/{tanh}/load").status_code == 200
+    assert predict(explicit, tanh) == 200
+    names = {line.split("{")[0] for line in _series(explicit, tanh)}
+    assert {"gelu_requests_total", "gelu_request_duration_seconds_bucket",
+            "gelu_compute_seconds_count", "gelu_execution_provider"} <= names  # fmt: skip
+    kept = _series(explicit, "digits-mlp")
+    assert kept
+    assert explicit.post(f"/v2/repository/models/{tanh}/unload").status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any('version="1"' in x for x in _series(explicit, tanh)):
+        time.sleep(0.05)  # the version drains, then its series go
+    left = _series(explicit, tanh)
+    assert left and all('version=""' in line for line in left), left
+    assert not any(line.startswith("gelu_batch_size") for line in left)
+    assert _series(explicit, "digits-mlp") == kept
+    assert explicit.post(f"/v2/repository/models/{tanh}/load").status_code == 200
+    assert predict(explicit, tanh) == 200
+    counted = [x for x in _series(explicit, tanh) if x.startswith("gelu_requests_total{")]
+    predicted = [x for x in counted if 'version="1"' in x]
+    assert len(predicted) == 1 and predicted[0].endswith(" 1.0"), counted
 
 
 def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
