@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool loadtest protos settings-doc clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool bench-ab loadtest protos settings-doc clean
 
 install: $(VENV)/.installed
 
@@ -86,6 +86,15 @@ bench-peers:
 # runs kept in docs/runs/ (a run's docs/benchmarks.json, copied there), measuring nothing.
 bench-pool: install
 	$(BIN)/gelu-serve bench --pool docs/runs/*.json
+
+# The service at revision OLD against this checkout, served side by side and driven by this
+# checkout's harness (bench/ab.py), into .bench-ab/runs/; AB_FLAGS="--repository DIR" for a
+# repository OLD can serve.
+bench-ab: install tools
+	git worktree remove --force .bench-ab/old 2>/dev/null || rm -rf .bench-ab/old
+	git worktree add --detach .bench-ab/old $(OLD)
+	$(BIN)/python -m bench.ab .bench-ab/old . --out .bench-ab/runs $(AB_FLAGS)
+	git worktree remove --force .bench-ab/old
 
 # docs/settings.md's table, from service/settings.py's Settings (a test checks they agree).
 settings-doc: install

@@ -64,15 +64,17 @@ def serve(
     ready_path: str,
     settle: float,
     tls: ssl.SSLContext | None = None,
+    root: Path = ROOT,
 ) -> Iterator[Server]:
-    """``command`` on ``cpus`` with every thread pinned there, ready; SIGTERM on exit.
+    """``command`` on ``cpus`` with every thread pinned there, ready; SIGTERM on exit. It runs
+    in ``root``: ``python -m`` imports that checkout's code.
 
     ``taskset`` pins the threads that exist at start; onnxruntime sets its thread pools'
     affinity itself, and servers start worker processes, so every thread of the process tree is
     pinned again once the server is ready (and checked before each point by ``measure``).
     """
     process = subprocess.Popen(
-        ["taskset", "-c", cpus, *command], cwd=ROOT, env={**os.environ, **env}
+        ["taskset", "-c", cpus, *command], cwd=root, env={**os.environ, **env}
     )
     try:
         deadline = time.monotonic() + 300
@@ -110,9 +112,11 @@ def server(
     cpus: str,
     ready_path: str,
     tls: ssl.SSLContext | None = None,
+    root: Path = ROOT,
 ) -> Iterator[Server]:
-    """A uvicorn process serving ``app`` (see ``serve``); the service itself runs as it is
-    deployed, ``gelu-serve serve`` (uvicorn with the service's connection limits)."""
+    """A uvicorn process serving ``app`` from the checkout ``root`` (see ``serve``); the
+    service itself runs as it is deployed, ``gelu-serve serve`` (uvicorn with the service's
+    connection limits)."""
     port = free_port()
     command = [
         sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(port),
@@ -125,7 +129,7 @@ def server(
         grpc_port = free_port()
         env = {**env, "GELU_GRPC_PORT": str(grpc_port)}
         grpc_address = f"127.0.0.1:{grpc_port}"
-    with serve(command, env, cpus, port, ready_path, 0.5 * workers, tls) as started:
+    with serve(command, env, cpus, port, ready_path, 0.5 * workers, tls, root) as started:
         yield dataclasses.replace(started, grpc=grpc_address, batches=app == SERVICE_APP)
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -675,21 +676,38 @@ def test_the_first_tls_and_tracing_table_is_its_run() -> None:
         assert ratios in table, name
 
 
-def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
-    """docs/runs/tracing-off-2026-11-27 quotes what its pairs.py makes of its runs."""
+def _module(path: Path) -> Any:
+    """A script kept beside its runs in docs/runs/, imported."""
     import importlib.util
 
-    folder = ROOT / "docs/runs/tracing-off-2026-11-27"
-    spec = importlib.util.spec_from_file_location("pairs", folder / "pairs.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
-    pairs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pairs)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
+    """docs/runs/tracing-off-2026-11-27 quotes what its pairs.py makes of its runs."""
+    folder = ROOT / "docs/runs/tracing-off-2026-11-27"
+    pairs = _module(folder / "pairs.py")
     page = (folder / "README.md").read_text()
     one, two = folder / "sitting-1.txt", folder / "sitting-2.txt"
     for files, a, b in [((one,), "head", "notrace"), ((two,), "head", "notrace"),
                         ((one, two), "head", "notrace"), ((two,), "head", "aa")]:  # fmt: skip
         median, low, high = pairs.difference(pairs.runs(*files), a, b)
         assert f"{median:.2f} µs [{low:.2f}, {high:.2f}]" in page
+
+
+def test_the_sitting_of_2026_11_28_quotes_its_runs() -> None:
+    """docs/runs/sitting-2026-11-28 quotes what its compare.py makes of its runs: each
+    checkout by its own bench, and both by one harness (ab/)."""
+    folder = ROOT / "docs/runs/sitting-2026-11-28"
+    compare = _module(folder / "compare.py")
+    page = (folder / "README.md").read_text()
+    assert compare.table(folder) in page
+    assert compare.table(folder / "ab") in page
+    assert compare.table(folder, folder / "ab") in page
 
 
 def test_a_peers_answer_is_read_as_the_models_probabilities() -> None:
@@ -751,3 +769,33 @@ def test_the_costs_quoted_are_the_pooled_runs() -> None:
     table = (ROOT / "docs/performance.md").read_text()
     for name in (OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS):
         assert f"| {shown(name, 1)} | {shown(name, 64)} |" in table, name
+
+
+@pytest.mark.slow  # real servers
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
+def test_two_checkouts_by_one_harness(model_repository: Path, tmp_path: Path) -> None:
+    """bench.ab serves two checkouts (here this one twice) side by side, new servers each pass,
+    the two checkouts' points back to back in turn, and writes a run for each that
+    docs/runs/sitting-2026-11-28/compare.py reads."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.ab", str(ROOT), str(ROOT), "--out", str(tmp_path),
+         "--rounds", "2", "--seconds", "1", "--kinds", "v1",
+         "--repository", str(model_repository)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    v1 = [line.split()[0] for line in result.stdout.splitlines() if "v1 predict" in line]
+    assert (v1[0], v1[6]) == ("old", "new"), v1  # six v1 points a pass, in turn first
+    assert "v2-" not in result.stdout
+    for tree in ("old", "new"):
+        rows = json.loads((tmp_path / f"{tree}-1.json").read_text())["http"]
+        assert {(r["scenario"], r["concurrency"]) for r in rows} == {
+            ("http floor", 64),
+            ("v1 predict, batching on", 64),
+            ("v1 predict, batching on", 1),
+            ("v1 predict, batching off", 1),
+        }  # fmt: skip
+        assert all(r["errors"] == 0 and len(set(r["rounds_server_pid"])) == 2 for r in rows)
+    compare = _module(ROOT / "docs/runs/sitting-2026-11-28/compare.py")
+    lines = compare.table(tmp_path).splitlines()
+    assert len(lines) == 2 + 2 and all(" [" in line for line in lines[2:]), lines
