@@ -343,8 +343,9 @@ class Metrics:
         if not multiprocess:
             self.in_flight.set_function(lambda: self.in_flight_count)
 
-        # labels() takes a lock and builds a key on each call: each label set's children are
-        # looked up once and kept (label values are bounded: routes, served models, statuses).
+        # labels() is a call and a lookup per family (prometheus_client's also take a lock):
+        # each label set's three are looked up once and kept, until its version is forgotten
+        # (label values are bounded: routes, served models, statuses).
         self._request_children: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
 
     def _residency(self, registry: CollectorRegistry) -> None:
