@@ -48,18 +48,33 @@ CODE = ("service", "bench", "contract", "export", "models", "cli.py", "pyproject
 T = TypeVar("T")
 
 
+def ask(
+    target: Server,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """One request to ``target`` on a connection of its own: the answer's status and body."""
+    conn = connection(int(target.url.rsplit(":", 1)[1]), target.tls, timeout=30)
+    try:
+        conn.request(method, path, body, headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 def batch_totals(target: Server) -> tuple[float, float]:
     """(samples, runs) the service's models have run so far, from ``gelu_batch_size``'s sums
     and counts on its /metrics (over every worker)."""
-    conn = connection(int(target.url.rsplit(":", 1)[1]), target.tls, timeout=30)
-    conn.request("GET", "/metrics")
+    _, metrics = ask(target, "GET", "/metrics")
     samples = runs = 0.0
-    for line in conn.getresponse().read().decode().splitlines():
+    for line in metrics.decode().splitlines():
         if line.startswith("gelu_batch_size_sum{"):
             samples += float(line.rsplit(" ", 1)[1])
         elif line.startswith("gelu_batch_size_count{"):
             runs += float(line.rsplit(" ", 1)[1])
-    conn.close()
     return samples, runs
 
 
@@ -121,15 +136,9 @@ def measure(
 def answer(target: Server, request: Request) -> np.ndarray:
     """The probabilities ``target`` answers to one ``request``: a V2 JSON answer's
     ``probabilities`` output, or a JSON list (BentoML's)."""
-    conn = connection(int(target.url.rsplit(":", 1)[1]), target.tls, timeout=30)
-    try:
-        conn.request("POST", request.path, request.body, request.headers)
-        response = conn.getresponse()
-        body = response.read()
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise AssertionError(f"{target.url}{request.path} answered {response.status}: {body!r}")
+    status, body = ask(target, "POST", request.path, request.body, request.headers)
+    if status != 200:
+        raise AssertionError(f"{target.url}{request.path} answered {status}: {body!r}")
     decoded = json.loads(body)
     if isinstance(decoded, dict):  # V2
         (output,) = [o for o in decoded["outputs"] if o["name"] == "probabilities"]
