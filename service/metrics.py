@@ -253,6 +253,7 @@ class LeanHistogram(_LeanFamily):
         buckets: Sequence[float],
     ) -> None:
         self.bounds = (*(float(b) for b in buckets), math.inf)
+        self._le = ["+Inf" if b == math.inf else repr(b) for b in self.bounds]  # as scraped
         super().__init__(name, documentation, labelnames, registry)
 
     def _new(self) -> _Buckets:
@@ -260,11 +261,10 @@ class LeanHistogram(_LeanFamily):
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        names = ["+Inf" if b == math.inf else repr(b) for b in self.bounds]
         for labels, series in list(self._series.items()):
             cumulative, buckets = 0, []
             counts, exemplars = list(series.counts), list(series.exemplars)
-            for le, count, exemplar in zip(names, counts, exemplars, strict=True):
+            for le, count, exemplar in zip(self._le, counts, exemplars, strict=True):
                 cumulative += count
                 buckets.append((le, cumulative) if exemplar is None else (le, cumulative, exemplar))
             family.add_metric(labels, buckets, series.sum)
