@@ -2,12 +2,15 @@
 client, so two revisions can be set side by side where wrk's noise is larger than their
 difference.
 
-    python bench/asgi_path.py REPOSITORY [REQUESTS]
+    python bench/asgi_path.py REPOSITORY [REQUESTS [CONCURRENCY [MODEL]]]
     PYTHONPATH=OTHER_CHECKOUT python bench/asgi_path.py REPOSITORY   # another revision's app
 
 It starts the app's lifespan (models loaded and warmed), then calls the app directly with
 one small request at a time (``REQUESTS``, default 20,000) and prints the mean microseconds
-per request over the second half (the first warms caches). The app is whatever
+per request over the second half (the first warms caches). With ``CONCURRENCY`` above 1, as
+many requests are in flight (the batcher sees them together) and the figure is the time per
+request of them all. ``MODEL`` (default digits-mlp) is any model with one FP32 input; the
+settings are the environment's (``GELU_PROVIDERS=cuda,cpu``, say). The app is whatever
 ``service.rest.app`` the interpreter imports, so the same script times any revision that has
 ``create_app(settings)``.
 """
@@ -16,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 
@@ -39,14 +44,20 @@ async def _started(app: Any) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str
     return task, inbox
 
 
-async def main(repository: str, requests: int) -> float:
+async def main(
+    repository: str, requests: int, concurrency: int = 1, model: str = "digits-mlp"
+) -> float:
+    from contract.model_config import load_model_config
     from service.rest.app import create_app
     from service.settings import Settings
 
+    config = load_model_config((Path(repository) / model / "config.pbtxt").read_text())
+    width = math.prod(config.inputs[0].dims)
     settings = Settings(model_repository=repository, grpc_port=0, log_level="warning")
     app = create_app(settings)
     task, inbox = await _started(app)
-    body = json.dumps({"instances": [[0.5] * 64]}).encode()
+    path = f"/v1/models/{model}:predict"
+    body = json.dumps({"instances": [[0.5] * width]}).encode()
     headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]  # fmt: skip
     statuses: list[int] = []
@@ -60,24 +71,32 @@ async def main(repository: str, requests: int) -> float:
 
     def scope() -> dict[str, Any]:
         return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                "method": "POST", "scheme": "http", "path": "/v1/models/digits-mlp:predict",
-                "raw_path": b"/v1/models/digits-mlp:predict", "query_string": b"",
+                "method": "POST", "scheme": "http", "path": path,
+                "raw_path": path.encode(), "query_string": b"",
                 "root_path": "", "headers": headers, "client": ("127.0.0.1", 1),
                 "server": ("127.0.0.1", 8000), "state": {}}  # fmt: skip
 
+    async def ask(count: int) -> None:
+        for _ in range(count):
+            await app(scope(), receive, send)
+
+    async def together(count: int) -> None:
+        share = -(-count // concurrency)
+        await asyncio.gather(*(ask(share) for _ in range(concurrency)))
+
     half = requests // 2
-    for _ in range(half):
-        await app(scope(), receive, send)
+    await together(half)
     began = time.perf_counter()
-    for _ in range(requests - half):
-        await app(scope(), receive, send)
+    await together(requests - half)
     took = time.perf_counter() - began
     assert set(statuses) == {200}, set(statuses)
     await inbox.put({"type": "lifespan.shutdown"})
     await task
-    return took / (requests - half) * 1e6
+    return took / (-(-(requests - half) // concurrency) * concurrency) * 1e6
 
 
 if __name__ == "__main__":
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
-    print(f"{asyncio.run(main(sys.argv[1], count)):.2f} us/request")
+    concurrency = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    model = sys.argv[4] if len(sys.argv) > 4 else "digits-mlp"
+    print(f"{asyncio.run(main(sys.argv[1], count, concurrency, model)):.2f} us/request")

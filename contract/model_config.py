@@ -247,6 +247,8 @@ class ModelConfig:
     warmups: tuple[Warmup, ...] = ()  # model_warmup: run before a version is ready
     response_cache: bool = False  # response_cache { enable: true }: answers kept (Triton's)
     steps: tuple[EnsembleStep, ...] = ()  # platform "ensemble": its ensemble_scheduling
+    # optimization { cuda { graphs: true graph_spec [...] } }: a CUDA graph per batch size
+    cuda_graphs: tuple[int, ...] = ()
 
     def to_pbtxt(self) -> str:
         """The config.pbtxt text."""
@@ -266,6 +268,9 @@ class ModelConfig:
         if self.dynamic_batching:
             delay = self.max_queue_delay_us or 0
             text += f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay}\n}}\n"
+        if self.cuda_graphs:
+            specs = ", ".join(f"{{ batch_size: {b} }}" for b in self.cuda_graphs)
+            text += f"optimization {{\n  cuda {{ graphs: true graph_spec [ {specs} ] }}\n}}\n"
         if self.steps:
             steps = ",\n".join(step.to_pbtxt() for step in self.steps)
             text += f"ensemble_scheduling {{\n step [\n{steps}\n ]\n}}\n"
@@ -383,6 +388,43 @@ def _steps(fields: dict[str, list[Any]]) -> tuple[EnsembleStep, ...]:
     return tuple(steps)
 
 
+def _cuda_graphs(fields: dict[str, list[Any]], max_batch_size: int) -> tuple[int, ...]:
+    """Triton's ``optimization { cuda { graphs: true graph_spec [{ batch_size: N }] } }``: the
+    batch sizes to capture a CUDA graph for, each batch padded up to the next; without a
+    graph_spec, every power of two up to max_batch_size, and max_batch_size itself."""
+    cuda = _one(_one(fields, "optimization", {}), "cuda", {})
+    if not _one(cuda, "graphs", False):
+        return ()
+    if max_batch_size < 1:
+        raise ConfigParseError("optimization.cuda.graphs needs max_batch_size >= 1")
+    sizes = []
+    for spec in cuda.get("graph_spec", []):
+        if set(spec) != {"batch_size"}:
+            raise ConfigParseError("optimization.cuda.graph_spec: give batch_size alone")
+        size = int(_one(spec, "batch_size"))
+        if not 1 <= size <= max_batch_size:
+            raise ConfigParseError(
+                f"optimization.cuda.graph_spec: batch_size {size} is not in 1..{max_batch_size}"
+            )
+        sizes.append(size)
+    if not sizes:
+        sizes = [1 << k for k in range(max_batch_size.bit_length()) if 1 << k < max_batch_size]
+        sizes.append(max_batch_size)
+    return tuple(sorted(set(sizes)))
+
+
+def _unhonoured(fields: dict[str, list[Any]]) -> tuple[str, ...]:
+    """The fields present that the service does not act on; ``optimization`` counts as
+    honoured when it holds only ``cuda``'s graphs."""
+    left = set(fields) - INTERPRETED
+    optimization = fields.get("optimization", [])
+    if all(set(o) <= {"cuda"} for o in optimization) and all(
+        set(c) <= {"graphs", "graph_spec"} for o in optimization for c in o.get("cuda", [])
+    ):
+        left.discard("optimization")
+    return tuple(sorted(left))
+
+
 def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
     policies = fields.get("version_policy")
     if not policies:
@@ -425,9 +467,10 @@ def load_model_config(text: str, directory_name: str | None = None) -> ModelConf
         dynamic_batching=bool(batching),
         max_queue_delay_us=int(delay) if delay >= 0 else None,
         version_policy=_version_policy(fields),
-        unhonoured=tuple(sorted(set(fields) - INTERPRETED)),
+        unhonoured=_unhonoured(fields),
         instance_count=_instance_count(fields),
         warmups=_warmups(fields),
         response_cache=bool(_one(_one(fields, "response_cache", {}), "enable", False)),
         steps=_steps(fields),
+        cuda_graphs=_cuda_graphs(fields, int(_one(fields, "max_batch_size", 0))),
     )

@@ -154,7 +154,7 @@ class DataPlane:
         sessions = SessionFactory(
             settings.ort_providers, options, settings.strict_providers, settings.provider_options
         )
-        runtime = self.runtime or OnnxRuntime(sessions)
+        runtime = self.runtime or OnnxRuntime(sessions, settings.cuda_io_binding)
         repository = ModelRepository(settings, runtime, self.metrics)
         if self.cache is not None:
             repository.on_retire(self.cache.drop)  # a retired version's answers go with it
@@ -301,6 +301,9 @@ class DataPlane:
             config["optimization"] = {
                 "execution_accelerators": {"gpu_execution_accelerator": [accelerator]}
             }
+            if info.cuda_graphs:  # in force only on CUDA
+                specs = [{"batch_size": b} for b in info.cuda_graphs]
+                config["optimization"]["cuda"] = {"graphs": True, "graph_spec": specs}
         return config
 
     def server_metadata(self) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class ModelInfo:
     config_max_batch_size: int = 0  # config.pbtxt's own value
     # An ensemble's steps as Triton's model configuration JSON has them ([] for a model).
     ensemble_steps: list[dict[str, Any]] = field(default_factory=list)
+    cuda_graphs: tuple[int, ...] = ()  # optimization.cuda.graphs' batch sizes, when asked
 
     def metadata(self, one_version: bool = False) -> dict[str, Any]:
         """The Open Inference Protocol's model metadata, as every face reports it: the model's

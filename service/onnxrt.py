@@ -18,11 +18,13 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.model_config import ONNX_TO_V2
+from service.binding import BoundSession
 from service.cuda import provider_unloadable
 from service.errors import ModelLoadError
-from service.runtime import TensorSpec
+from service.runtime import ONE_INSTANCE, Placement, TensorSpec
 
 logger = logging.getLogger("gelu_serve")
+CUDA = "CUDAExecutionProvider"
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -57,9 +59,16 @@ class SessionFactory:
         self.strict = strict
         self._reported: set[str] = set()
 
-    def create(self, source: str | bytes, label: str) -> tuple[ort.InferenceSession, list[str]]:
+    def create(
+        self, source: str | bytes, label: str, cuda: dict[str, str] | None = None
+    ) -> tuple[ort.InferenceSession, list[str]]:
         """An InferenceSession for ``source`` (a path or serialized model) and the providers it
-        really uses; ``ModelLoadError`` if it cannot load, or falls back under ``strict``."""
+        really uses; ``ModelLoadError`` if it cannot load, or falls back under ``strict``.
+        ``cuda``: options added to the CUDA provider's for this session."""
+        options = self.provider_options
+        if cuda:
+            pairs = zip(self.providers, options, strict=True)
+            options = [dict(o, **cuda) if p == CUDA else o for p, o in pairs]
         try:
             with warnings.catch_warnings():
                 # onnxruntime warns of a missing provider; the message below says it better.
@@ -68,7 +77,7 @@ class SessionFactory:
                     source,
                     sess_options=self.options,
                     providers=self.providers,
-                    provider_options=self.provider_options,
+                    provider_options=options,
                 )
         except Exception as exc:  # onnxruntime raises its own exception types
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -140,17 +149,35 @@ class OrtSession:
         self.memory_bytes = memory
 
     def close(self) -> None:
-        # onnxruntime frees a session when the last reference to it goes: this one.
+        # onnxruntime frees a session when the last reference to it goes: this one (and a
+        # bound session's instances).
         del self.run
 
 
 class OnnxRuntime:
-    """Opens model files as onnxruntime sessions (``service.runtime.Runtime``)."""
+    """Opens model files as onnxruntime sessions (``service.runtime.Runtime``). On CUDA a
+    version is ``service.binding.BoundSession``: its instances bound (``binding``, the
+    setting ``GELU_CUDA_IO_BINDING``), with CUDA graphs where its config asks for them."""
 
-    def __init__(self, sessions: SessionFactory) -> None:
+    def __init__(self, sessions: SessionFactory, binding: bool = True) -> None:
         self.sessions = sessions
+        self.binding = binding
 
-    def open(self, model_file: Path, label: str) -> OrtSession:
+    def open(self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE) -> OrtSession:
         before = resident_bytes()
-        session, in_use = self.sessions.create(str(model_file), label)
-        return OrtSession(session, in_use, max(0, resident_bytes() - before))
+        graphs = placement.cuda_graphs
+        cuda = {"enable_cuda_graph": "1"} if graphs else None
+        session, in_use = self.sessions.create(str(model_file), label, cuda)
+        opened = OrtSession(session, in_use, 0)
+        if in_use[0] == CUDA and (self.binding or graphs or placement.instances > 1):
+            sessions = [session] + [
+                self.sessions.create(str(model_file), label, cuda)[0]
+                for _ in range(placement.instances - 1)
+            ]
+            device = ("cuda", int(opened.provider_options[CUDA].get("device_id", "0")))
+            specs = (opened.inputs, opened.outputs)
+            opened.run = BoundSession(sessions, graphs, specs, device, label).run
+        elif graphs:
+            logger.warning("%s: CUDA graphs asked for, but it runs on %s", label, in_use[0])
+        opened.memory_bytes = max(0, resident_bytes() - before)
+        return opened

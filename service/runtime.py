@@ -67,10 +67,23 @@ class Session(Protocol):
         """Let its memory go; no run follows."""
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How config.pbtxt places a version: Triton's ``instance_group`` count, and the batch
+    sizes of its ``optimization { cuda { graphs } }``. A runtime honours what its device
+    can (onnxruntime: both on CUDA; on the CPU, one session that runs ``instances`` at once)."""
+
+    instances: int = 1
+    cuda_graphs: tuple[int, ...] = ()
+
+
+ONE_INSTANCE = Placement()  # what a config without instance_group or graphs asks for
+
+
 class Runtime(Protocol):
     """What opens model files as sessions."""
 
-    def open(self, model_file: Path, label: str) -> Session:
+    def open(self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE) -> Session:
         """``model_file`` opened; ``ModelLoadError`` (naming ``label``) if it cannot be."""
 
 

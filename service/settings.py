@@ -72,6 +72,13 @@ class Settings(BaseSettings):
         description="CUDA provider: copy tensors to and from the GPU on the default stream "
         "(onnxruntime's do_copy_in_default_stream).",
     )
+    cuda_io_binding: bool = Field(
+        True,
+        description="CUDA provider: run each version through onnxruntime's I/O binding, inputs "
+        "copied to the GPU once and outputs read back once, on config.pbtxt's instance_group "
+        "count of sessions; off, one session's plain run. CUDA graphs (config.pbtxt's "
+        "optimization.cuda.graphs) bind either way.",
+    )
     intra_op_threads: int = Field(
         1,
         ge=0,

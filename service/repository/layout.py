@@ -19,7 +19,7 @@ from contract.names import CONFIG_FILENAME, ENSEMBLE_PLATFORM, MODEL_FILENAME, P
 from contract.signing import SIGNATURE_FILENAME
 from service.ensemble import EnsembleSession, check_steps
 from service.errors import ModelLoadError
-from service.runtime import Model, Runtime, TensorSpec
+from service.runtime import Model, Placement, Runtime, TensorSpec
 from service.signing import Verifier
 
 logger = logging.getLogger("gelu_serve")
@@ -127,7 +127,8 @@ def load_version(
         return Model(model_dir.name, str(version), config, EnsembleSession(config), meta)
     if verifier is not None:
         verifier.check(model_dir / str(version), label)
-    session = runtime.open(model_dir / str(version) / MODEL_FILENAME, label)
+    placement = Placement(config.instance_count, config.cuda_graphs)
+    session = runtime.open(model_dir / str(version) / MODEL_FILENAME, label, placement)
     try:
         meta = ModelMetadata.from_props(session.metadata_props)
     except ValueError as exc:

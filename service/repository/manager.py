@@ -437,6 +437,7 @@ class ModelRepository:
             dynamic_batching=config.dynamic_batching,
             max_queue_delay_us=config.max_queue_delay_us,
             config_max_batch_size=config.max_batch_size,
+            cuda_graphs=config.cuda_graphs,
             ensemble_steps=[
                 {
                     "model_name": step.model_name,

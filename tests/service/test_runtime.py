@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.errors import StartupError
 from service.rest.app import create_app
+from service.runtime import ONE_INSTANCE, Placement
 from service.settings import Settings
 from tests.helpers import DIGITS, load_model
 
@@ -159,7 +160,9 @@ class _NumpyRuntime:
     def __init__(self) -> None:
         self.opened: dict[str, _NumpySession] = {}
 
-    def open(self, model_file: Path, label: str) -> _NumpySession:
+    def open(
+        self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE
+    ) -> _NumpySession:
         session = self.opened[label] = _NumpySession(64, 10)
         return session
 
@@ -181,8 +184,10 @@ def test_a_second_runtime_serves_behind_the_interface(model_repository: Path) ->
     runtime = _NumpyRuntime()
     real_open = runtime.open
 
-    def open_with_metadata(model_file: Path, label: str) -> _NumpySession:
-        session = real_open(model_file, label)
+    def open_with_metadata(
+        model_file: Path, label: str, placement: Placement = ONE_INSTANCE
+    ) -> _NumpySession:
+        session = real_open(model_file, label, placement)
         session.metadata_props = props
         return session
 
