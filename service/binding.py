@@ -1,9 +1,9 @@
 """A model on the GPU as Triton places it: ``instance_group { kind: KIND_GPU count: N }`` is N
-onnxruntime sessions on the device, each run through I/O binding, and with
-``optimization { cuda { graphs: true } }`` a CUDA graph per padded batch size.
+onnxruntime sessions on the device, and with ``optimization { cuda { graphs: true } }`` a CUDA
+graph per padded batch size; optionally (``GELU_CUDA_IO_BINDING``) other runs go through I/O
+binding, which measured no faster than the plain run (docs/gpu.md).
 
-I/O binding copies each input to the device once and reads each output back once, instead of
-onnxruntime's per-run staging. A graph replays a captured run on fixed device buffers: a batch
+A graph replays a captured run on fixed device buffers: a batch
 is padded with zeros up to the smallest captured size that holds it (one larger than every
 size runs uncaptured, ``gpu_graph_id`` -1), and the padding's rows are cut from the answers.
 The same code runs on the CPU device, where nothing is captured, so the padding and binding
@@ -86,9 +86,11 @@ class _Instance:
         graphs: Sequence[int],
         specs: tuple[list[TensorSpec], list[TensorSpec]],
         device: tuple[str, int],
+        bind: bool,
     ) -> None:
         self.session = session
         self.device = device
+        self.bind = bind
         self.sizes = sorted(graphs)
         self.graphs = [_Graph(session, batch, specs, device) for batch in self.sizes]
         self.uncaptured = ort.RunOptions()
@@ -101,6 +103,8 @@ class _Instance:
             at = bisect.bisect_left(self.sizes, rows)
             if at < len(self.sizes):
                 return self.graphs[at].run(self.session, names, feed)
+        if not self.bind:
+            return self.session.run(names, feed, self.uncaptured)
         binding = self.session.io_binding()
         for name, array in feed.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
@@ -124,7 +128,8 @@ class _Instance:
 
 class BoundSession:
     """N sessions of one model file on one device (``service.runtime.Session``'s ``run``):
-    a run takes a free instance, so N batches run at once, each on its own CUDA stream."""
+    a run takes a free instance, so N batches run at once, each on its own CUDA stream. A
+    batch no graph holds runs bound (``bind``) or by onnxruntime's plain run."""
 
     def __init__(
         self,
@@ -133,6 +138,7 @@ class BoundSession:
         specs: tuple[list[TensorSpec], list[TensorSpec]],
         device: tuple[str, int],
         label: str,
+        bind: bool = True,
     ) -> None:
         if graphs:
             varying = [s.name for t in specs for s in t if -1 in s.dims[1:]]
@@ -142,7 +148,7 @@ class BoundSession:
                     f"{', '.join(varying)} vary"
                 )
         self._free: queue.SimpleQueue[_Instance] = queue.SimpleQueue()
-        self.instances = [_Instance(s, graphs, specs, device) for s in sessions]
+        self.instances = [_Instance(s, graphs, specs, device, bind) for s in sessions]
         for instance in self.instances:
             instance.capture(label)
             self._free.put(instance)

@@ -156,10 +156,10 @@ class OrtSession:
 
 class OnnxRuntime:
     """Opens model files as onnxruntime sessions (``service.runtime.Runtime``). On CUDA a
-    version is ``service.binding.BoundSession``: its instances bound (``binding``, the
-    setting ``GELU_CUDA_IO_BINDING``), with CUDA graphs where its config asks for them."""
+    version with more than one instance, CUDA graphs or ``binding`` (the setting
+    ``GELU_CUDA_IO_BINDING``) is a ``service.binding.BoundSession``."""
 
-    def __init__(self, sessions: SessionFactory, binding: bool = True) -> None:
+    def __init__(self, sessions: SessionFactory, binding: bool = False) -> None:
         self.sessions = sessions
         self.binding = binding
 
@@ -176,7 +176,7 @@ class OnnxRuntime:
             ]
             device = ("cuda", int(opened.provider_options[CUDA].get("device_id", "0")))
             specs = (opened.inputs, opened.outputs)
-            opened.run = BoundSession(sessions, graphs, specs, device, label).run
+            opened.run = BoundSession(sessions, graphs, specs, device, label, self.binding).run
         elif graphs:
             logger.warning("%s: CUDA graphs asked for, but it runs on %s", label, in_use[0])
         opened.memory_bytes = max(0, resident_bytes() - before)

@@ -73,11 +73,11 @@ class Settings(BaseSettings):
         "(onnxruntime's do_copy_in_default_stream).",
     )
     cuda_io_binding: bool = Field(
-        True,
-        description="CUDA provider: run each version through onnxruntime's I/O binding, inputs "
-        "copied to the GPU once and outputs read back once, on config.pbtxt's instance_group "
-        "count of sessions; off, one session's plain run. CUDA graphs (config.pbtxt's "
-        "optimization.cuda.graphs) bind either way.",
+        False,
+        description="CUDA provider: run batches through onnxruntime's I/O binding (inputs "
+        "bound from host memory, outputs read back from the GPU) instead of its plain run; "
+        "measured no faster on an H200 (docs/gpu.md). CUDA graphs (config.pbtxt's "
+        "optimization.cuda.graphs) bind their fixed buffers either way.",
     )
     intra_op_threads: int = Field(
         1,

@@ -62,14 +62,15 @@ def test_graph_sizes_are_tritons_graph_spec() -> None:
         load_model_config(unbatched + "optimization { cuda { graphs: true } }")
 
 
-def test_padded_batches_answer_as_the_plain_run(model_repository: Path) -> None:
-    """Each batch is padded to the next graph size (or runs unbound-size past the largest),
-    and its rows answer as the session's own run; an answer is not overwritten by the next
-    run on the same buffers."""
+@pytest.mark.parametrize("bind", [False, True])
+def test_padded_batches_answer_as_the_plain_run(model_repository: Path, bind: bool) -> None:
+    """Each batch is padded to the next graph size (past the largest it runs uncaptured,
+    bound or plain), and its rows answer as the session's own run; an answer is not
+    overwritten by the next run on the same buffers."""
     sessions = _cpu_sessions(model_repository, 2)
     plain = OrtSession(sessions[0], ["CPUExecutionProvider"], 0)
     specs = (plain.inputs, plain.outputs)
-    bound = BoundSession(sessions, (1, 4, 8), specs, ("cpu", 0), "digits-mlp/2")
+    bound = BoundSession(sessions, (1, 4, 8), specs, ("cpu", 0), "digits-mlp/2", bind)
     names = ["logits", "probabilities"]
     for rows in (1, 2, 3, 4, 5, 8, 9, 20):
         x = DIGITS[:rows]
@@ -123,27 +124,33 @@ def test_graphs_asked_for_on_the_cpu_serve_without(settings_factory, tmp_path, c
     assert "CUDA graphs asked for, but it runs on CPUExecutionProvider" in caplog.text
 
 
-def _with_graphs(source: Path, tmp_path: Path, count: int) -> Path:
+def _with_graphs(source: Path, tmp_path: Path, count: int, graphs: bool = True) -> Path:
     repository = tmp_path / "repository"
     shutil.copytree(source / "digits-mlp", repository / "digits-mlp")
     config = repository / "digits-mlp" / "config.pbtxt"
-    config.write_text(
-        config.read_text()
-        + f"instance_group [ {{ kind: KIND_GPU count: {count} }} ]\n"
-        + "optimization { cuda { graphs: true graph_spec [ { batch_size: 1 }, { batch_size: 4 },"
-        " { batch_size: 16 } ] } }\n"
-    )
+    text = config.read_text() + f"instance_group [ {{ kind: KIND_GPU count: {count} }} ]\n"
+    if graphs:
+        text += (
+            "optimization { cuda { graphs: true graph_spec [ { batch_size: 1 },"
+            " { batch_size: 4 }, { batch_size: 16 } ] } }\n"
+        )
+    config.write_text(text)
     return repository
 
 
 @needs_gpu
-@pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("binding", [False, True])
-def test_cuda_graphs_and_binding_answer_as_the_cpu(settings_factory, tmp_path, binding, graphs):
-    """Served on CUDA (TF32 off) plain, bound, and with graphs captured at load and replayed
-    on padded batches, two instances: every answer is the CPU's within 1e-5."""
+@pytest.mark.parametrize(
+    ("count", "graphs", "binding"),
+    [(1, False, False), (2, False, False), (1, False, True), (2, True, False), (2, True, True)],
+)
+def test_cuda_graphs_and_binding_answer_as_the_cpu(
+    settings_factory, tmp_path, count, graphs, binding
+):
+    """Served on CUDA (TF32 off): one session's plain run, two instances, bound, and with
+    graphs captured at load and replayed on padded batches: every answer is the CPU's
+    within 1e-5."""
     source = settings_factory().model_repository
-    repository = _with_graphs(source, tmp_path, count=2) if graphs else source
+    repository = _with_graphs(source, tmp_path, count, graphs)
     answers: dict[str, list[np.ndarray]] = {}
     for providers in (["cpu"], ["cuda", "cpu"]):
         settings = settings_factory(model_repository=repository, providers=providers,
@@ -158,9 +165,11 @@ def test_cuda_graphs_and_binding_answer_as_the_cpu(settings_factory, tmp_path, b
                 assert response.status_code == 200, response.text
                 got.append(np.array(response.json()["outputs"][0]["data"]))
             answers[providers[0]] = got
+            config = client.get("/v2/models/digits-mlp/config").json()
+            if providers[0] == "cuda":
+                group = {"kind": "KIND_GPU", "count": count, "gpus": [0]}
+                assert config["instance_group"][0] == group
             if providers[0] == "cuda" and graphs:
-                config = client.get("/v2/models/digits-mlp/config").json()
-                assert config["instance_group"][0] == {"kind": "KIND_GPU", "count": 2, "gpus": [0]}
                 cuda = config["optimization"]["cuda"]
                 assert cuda["graphs"] is True
                 assert [s["batch_size"] for s in cuda["graph_spec"]] == [1, 4, 16]
