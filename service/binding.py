@@ -1,7 +1,7 @@
 """A model on the GPU as Triton places it: ``instance_group { kind: KIND_GPU count: N }`` is N
 onnxruntime sessions on the device, and with ``optimization { cuda { graphs: true } }`` a CUDA
 graph per padded batch size; optionally (``GELU_CUDA_IO_BINDING``) other runs go through I/O
-binding, which measured no faster than the plain run (docs/gpu.md).
+binding, which measured slower than the plain run (docs/serving.md).
 
 A graph replays a captured run on fixed device buffers: a batch
 is padded with zeros up to the smallest captured size that holds it (one larger than every

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         False,
         description="CUDA provider: run batches through onnxruntime's I/O binding (inputs "
         "bound from host memory, outputs read back from the GPU) instead of its plain run; "
-        "measured no faster on an H200 (docs/gpu.md). CUDA graphs (config.pbtxt's "
+        "slower on an H200 (docs/serving.md). CUDA graphs (config.pbtxt's "
         "optimization.cuda.graphs) bind their fixed buffers either way.",
     )
     intra_op_threads: int = Field(

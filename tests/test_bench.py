@@ -710,6 +710,36 @@ def test_the_sitting_of_2026_11_28_quotes_its_runs() -> None:
     assert compare.table(folder, folder / "ab") in page
 
 
+def test_the_gpu_runs_of_2026_11_28_quote_their_files() -> None:
+    """docs/runs/gpu-2026-11-28 quotes what its summary.py makes of its runs on the H200."""
+    folder = ROOT / "docs/runs/gpu-2026-11-28"
+    summary = _module(folder / "summary.py")
+    page = (folder / "README.md").read_text()
+    assert summary.onnxruntime_table(folder) in page
+    assert summary.served_table(folder) in page
+    assert summary.served(4, folder)["digits-mlp", "cuda-graphs", 1] == 147.36
+
+
+def test_the_gpu_figures_quoted_are_the_runs() -> None:
+    """The README and docs/serving.md quote the H200 runs' per-run ratios as summary.py reads
+    them."""
+    folder = ROOT / "docs/runs/gpu-2026-11-28"
+    summary = _module(folder / "summary.py")
+    runs = [summary.served(run, folder) for run in range(1, 6)]
+
+    def span(model: str, mode: str, c: int, digits: int = 2) -> str:
+        ratios = [run[model, mode, c] / run[model, "cuda", c] for run in runs]
+        return f"{min(ratios):.{digits}f}-{max(ratios):.{digits}f}"
+
+    graphs = span("digits-mlp", "cuda-graphs", 1)
+    wide = [span("fashion-mlp-wide", "cpu", c, digits=1) for c in (1, 64)]  # CPU / CUDA
+    assert (graphs, wide) == ("0.36-0.62", ["5.2-9.7", "3.1-4.8"])
+    for page in (ROOT / "README.md", ROOT / "docs/serving.md", folder / "README.md"):
+        text = " ".join(page.read_text().split())
+        assert f"{graphs} of the plain" in text, page
+        assert f"{wide[0]} times faster" in text, page
+
+
 def test_a_peers_answer_is_read_as_the_models_probabilities() -> None:
     """Before a pass is timed, each peer's answer is compared with the model's: read from a V2
     JSON answer (MLServer's) or a JSON list (BentoML's); an error answer stops the run."""

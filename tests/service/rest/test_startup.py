@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[3]
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+def _path() -> str:
+    """The checkout first, then what this interpreter was given (a GPU host's packages)."""
+    given = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([str(ROOT), given] if given else [str(ROOT)])
+
+
 def serve(**env: str) -> subprocess.CompletedProcess[str]:
     """`gelu-serve serve` on a free port; it is expected to refuse before serving."""
     return subprocess.run(
@@ -27,7 +33,7 @@ def serve(**env: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": _path(), **env},
     )
 
 
