@@ -1,13 +1,12 @@
 """A model on the GPU as Triton places it: ``instance_group { kind: KIND_GPU count: N }`` is N
-onnxruntime sessions on the device, and with ``optimization { cuda { graphs: true } }`` a CUDA
-graph per padded batch size; optionally (``GELU_CUDA_IO_BINDING``) other runs go through I/O
-binding, which measured slower than the plain run (docs/serving.md).
+onnxruntime sessions on the device, and ``optimization { cuda { graphs: true } }`` a CUDA
+graph per batch size; with ``GELU_CUDA_IO_BINDING`` the other batches run through I/O binding,
+which measured slower than the plain run (docs/serving.md).
 
-A graph replays a captured run on fixed device buffers: a batch
-is padded with zeros up to the smallest captured size that holds it (one larger than every
-size runs uncaptured, ``gpu_graph_id`` -1), and the padding's rows are cut from the answers.
-The same code runs on the CPU device, where nothing is captured, so the padding and binding
-are tested without a GPU.
+A graph replays a captured run on fixed device buffers: a batch is padded with zeros up to the
+smallest captured size that holds it (one larger than every size runs uncaptured,
+``gpu_graph_id`` -1), and the padding's rows are cut from the answers. The same code runs on
+the CPU device, where nothing is captured, so the padding and binding are tested without a GPU.
 """
 
 from __future__ import annotations
@@ -138,7 +137,7 @@ class BoundSession:
         specs: tuple[list[TensorSpec], list[TensorSpec]],
         device: tuple[str, int],
         label: str,
-        bind: bool = True,
+        bind: bool = False,
     ) -> None:
         if graphs:
             varying = [s.name for t in specs for s in t if -1 in s.dims[1:]]
@@ -159,8 +158,3 @@ class BoundSession:
             return instance.run(names, feed)
         finally:
             self._free.put(instance)
-
-    def close(self) -> None:
-        self.instances.clear()
-        while not self._free.empty():
-            self._free.get_nowait()
