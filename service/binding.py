@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.model_config import V2_TO_NUMPY
-from service.errors import ModelLoadError
+from service.errors import ModelLoadError, first_line
 from service.runtime import TensorSpec
 
 SKIP_GRAPH = "-1"  # onnxruntime's gpu_graph_id for a run neither captured nor replayed
@@ -119,9 +119,9 @@ class _Instance:
                 for _ in range(CAPTURE_RUNS):
                     graph.run(self.session, [], graph.zeros)
             except Exception as exc:  # onnxruntime's own: a node off the GPU, say
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 raise ModelLoadError(
-                    f"{label}: cannot capture a CUDA graph of batch {graph.batch}: {reason}"
+                    f"{label}: cannot capture a CUDA graph of batch {graph.batch}: "
+                    f"{first_line(exc)}"
                 ) from None
 
 

@@ -10,6 +10,12 @@ from __future__ import annotations
 CLIENT_CLOSED_REQUEST = 499
 
 
+def first_line(exc: BaseException) -> str:
+    """What a library's exception says, on one line (its type's name if it says nothing)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ServiceError(Exception):
     """Base of every error the service answers with; ``status_code`` is the HTTP status."""
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from contract.model_config import ONNX_TO_V2
 from service.binding import BoundSession
 from service.cuda import provider_unloadable
-from service.errors import ModelLoadError
+from service.errors import ModelLoadError, first_line
 from service.runtime import ONE_INSTANCE, Placement, TensorSpec
 
 logger = logging.getLogger("gelu_serve")
@@ -80,8 +80,9 @@ class SessionFactory:
                     provider_options=options,
                 )
         except Exception as exc:  # onnxruntime raises its own exception types
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelLoadError(f"{label}: onnxruntime cannot load it: {reason}") from None
+            raise ModelLoadError(
+                f"{label}: onnxruntime cannot load it: {first_line(exc)}"
+            ) from None
         in_use = session.get_providers()
         missing = [p for p in self.providers if p not in in_use]
         if missing and self.strict:
