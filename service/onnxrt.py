@@ -22,9 +22,10 @@ from service.binding import BoundSession
 from service.cuda import provider_unloadable
 from service.errors import ModelLoadError, first_line
 from service.runtime import ONE_INSTANCE, Placement, TensorSpec
+from service.settings import PROVIDER_NAMES
 
 logger = logging.getLogger("gelu_serve")
-CUDA = "CUDAExecutionProvider"
+CUDA = PROVIDER_NAMES["cuda"]
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
