@@ -23,9 +23,9 @@ from service.dataplane import DataPlane
 from service.errors import ServiceError
 from service.metrics import OPENMETRICS
 from service.rest import activations, v1, v2
+from service.rest.body import BodyLimitMiddleware
 from service.rest.middleware import (
     CLIENT_GONE,
-    BodyLimitMiddleware,
     MetricsMiddleware,
     Receive,
     Scope,

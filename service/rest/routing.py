@@ -30,11 +30,11 @@ from service import codecs
 from service.dataplane import DataPlane
 from service.errors import CLIENT_CLOSED_REQUEST
 from service.logs import request_id
+from service.rest.body import BodyLimits
 from service.rest.middleware import (
     CLIENT_GONE,
     SERVED_VERSION,
     TRACE,
-    BodyLimits,
     Receive,
     Scope,
     Send,

@@ -10,14 +10,10 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from subprocess import Popen
 from typing import Any, cast
 
 import numpy as np
@@ -25,7 +21,7 @@ import pytest
 
 from tests.helpers import DIGITS
 from tests.onnx_models import write_model
-from tests.service.rest.test_server import ROOT, free_port
+from tests.servers import ROOT, free_port, get, probed, running, wait_ready  # noqa: F401
 
 pytestmark = pytest.mark.slow  # real server processes
 
@@ -41,68 +37,6 @@ LIMITS = {
 }
 PREDICT = "/v1/models/digits-mlp:predict"
 PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
-
-
-def running(repository: Path, **env: str) -> AbstractContextManager[tuple[int, Popen[str]]]:
-    """``gelu-serve serve`` on a free port, ready; stopped with SIGTERM afterwards (if still
-    running), its output checked for tracebacks."""
-    return probed(repository, None, env)
-
-
-@contextmanager
-def probed(
-    repository: Path, probe: Callable[[int], int] | None, env: dict[str, str]
-) -> Iterator[tuple[int, subprocess.Popen[str]]]:
-    """``running``, ready when ``probe(port)`` answers 200 (None: a plaintext GET of
-    readiness)."""
-    port = free_port()
-    environment = {
-        **os.environ,
-        "GELU_MODEL_REPOSITORY": str(repository),
-        "GELU_WARMUP_RUNS": "1",
-        "GELU_DRAIN_SECONDS": "0",
-        "GELU_GRPC_PORT": "0",
-        **env,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
-        cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_ready(port, process, probe)
-        yield port, process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        process.output = output  # type: ignore[attr-defined]  # for tests that read the logs
-        assert "Traceback" not in output, output
-
-
-def wait_ready(
-    port: int, process: subprocess.Popen[str], probe: Callable[[int], int] | None = None
-) -> None:
-    probe = probe or (lambda port: get(port, "/v2/health/ready")[0])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stdout.read() if process.stdout else ""
-        try:
-            if probe(port) == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become ready")
-
-
-def get(port: int, path: str, timeout: float = 5) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
 
 
 def connect(port: int) -> socket.socket:

@@ -13,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.servers import ROOT, free_port
 
 
 def start(repository: Path, port: int, *args: str) -> subprocess.Popen[str]:
