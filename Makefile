@@ -49,9 +49,11 @@ fashion-mnist:
 serve: install
 	GELU_MODEL_REPOSITORY=$(REPOSITORY) $(BIN)/gelu-serve serve --host $(HOST) --port $(PORT)
 
-# The gRPC face's Python modules, from service/grpc/inference.proto (shipped; a test checks them).
+# The gRPC face's Python modules, from service/grpc/inference.proto, and Triton's config messages,
+# from contract/triton/model_config.proto (shipped; tests check them).
 protos: install
 	$(BIN)/python -m service.grpc.generate
+	$(BIN)/python -m contract.triton.generate
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,20 +1,29 @@
-"""Triton's ``config.pbtxt`` (protobuf text format) as a typed ``ModelConfig``, both ways.
+"""Triton's ``config.pbtxt`` as a typed ``ModelConfig``, both ways, through Triton's own schema.
 
-Export writes it with ``ModelConfig.to_pbtxt()``; the service reads it with
-``load_model_config()``. Only the subset a model repository for onnxruntime needs is
-interpreted; the parser itself handles the whole text-format grammar of scalars, lists and
-nested messages. Torch-free: the service imports it.
+The text is parsed by protobuf's ``text_format`` into Triton's ``inference.ModelConfig`` message
+(``contract.triton``, vendored from Triton), so the grammar and its errors are Triton's; the
+dataclasses here are the view the service acts on, built from that message. Export writes
+through the same message. Any mistake (not UTF-8, too large, nested too deep, not text format,
+outside Triton's schema, or not servable) is one ``ConfigParseError`` that names the file and,
+where it is known, the line. Torch-free: the service imports it.
 """
 
 from __future__ import annotations
 
+import io
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf import text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
-from contract.names import PLATFORM
+from contract.names import CONFIG_FILENAME, PLATFORM
+from contract.triton import model_config_pb2 as triton
 
 # Triton's data types, the Open Inference Protocol's names for them, and numpy's.
 TRITON_TO_V2 = {
@@ -52,85 +61,106 @@ ONNX_TO_V2 = {
     "tensor(double)": "FP64",
 }
 
-_TOKEN = re.compile(r'\s+|#[^\n]*|"(?:[^"\\]|\\.)*"|[{}\[\]:,;]|[^\s{}\[\]:,;"#]+')
+# Bounds checked before protobuf reads the text: its size, and how deep braces and brackets
+# nest (protobuf's text parser recurses once per level; Triton's schema needs fewer than 10).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
+_WIDTH = 100  # the writer puts a message on one line when it fits in this many columns
+
+# Strings and comments (whose braces do not count), braces and brackets; with names, for
+# finding a field's line.
+_SKIP = r"""#[^\n]*|"(?:[^"\\\n]|\\.)*"?|'(?:[^'\\\n]|\\.)*'?"""
+_NESTING = re.compile(rf"{_SKIP}|[{{<\[]|[}}>\]]")
+_NAMES = re.compile(rf"{_SKIP}|[{{<\[]|[}}>\]]|[A-Za-z_][A-Za-z0-9_]*")
+_DEPTH = {"{": 1, "<": 1, "[": 1, "}": -1, ">": -1, "]": -1}
+_LOCATION = re.compile(r"^(\d+):(\d+) : ")
 
 
 class ConfigParseError(ValueError):
-    """A config.pbtxt that is not valid text format or lacks what serving needs."""
+    """A config.pbtxt that is not valid text format, breaks Triton's schema, or lacks what
+    serving needs; the message names the file and, where known, the line."""
 
 
-def _tokenize(text: str) -> list[str]:
-    tokens: list[str] = []
-    pos = 0
-    for match in _TOKEN.finditer(text):
-        if match.start() != pos:
-            break
-        pos = match.end()
-        token = match.group()
-        if token.strip() and not token.startswith("#"):
-            tokens.append(token)
-    if pos != len(text):
-        raise ConfigParseError(f"unexpected character {text[pos]!r} at offset {pos}")
-    return tokens
+class _Invalid(Exception):
+    """A mistake in the message: what, and the top-level field (which occurrence) it is in."""
+
+    def __init__(self, field: str, what: str, index: int = 0) -> None:
+        super().__init__(what)
+        self.field, self.what, self.index = field, what, index
 
 
-def parse_pbtxt(text: str) -> dict[str, list[Any]]:
-    """Parse protobuf text format into ``{field: [values...]}`` (every field may repeat)."""
-    tokens = _tokenize(text)
-    pos = 0
+def _printable(what: str) -> str:
+    """``what`` on one line, its control characters escaped, at most 300 characters."""
+    what = "".join(c if c.isprintable() else repr(c)[1:-1] for c in what)
+    return what if len(what) <= 300 else what[:297] + "..."
 
-    def scalar(token: str) -> Any:
-        if token.startswith('"'):
-            return bytes(token[1:-1], "utf-8").decode("unicode_escape")
-        for convert in (int, float):
-            try:
-                return convert(token)
-            except ValueError:
-                continue
-        return {"true": True, "false": False}.get(token, token)
 
-    def value() -> Any:
-        nonlocal pos
-        token = tokens[pos]
-        pos += 1
-        if token == "{":
-            return message("}")
-        if token in "}[]:,;":
-            raise ConfigParseError(f"unexpected {token!r}")
-        return scalar(token)
+def _at(source: str, what: str, line: int | None = None, column: int | None = None) -> str:
+    where = source if line is None else f"{source}:{line}"
+    return f"{where}{f':{column}' if column else ''}: {_printable(what)}"
 
-    def message(end: str | None) -> dict[str, list[Any]]:
-        nonlocal pos
-        fields: dict[str, list[Any]] = {}
-        while pos < len(tokens) and tokens[pos] != end:
-            name = tokens[pos]
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ConfigParseError(f"expected a field name, found {name!r}")
-            pos += 1
-            if tokens[pos] == ":":
-                pos += 1
-            values = fields.setdefault(name, [])
-            if tokens[pos] == "[":
-                pos += 1
-                while tokens[pos] != "]":
-                    values.append(value())
-                    if tokens[pos] == ",":
-                        pos += 1
-                pos += 1
-            else:
-                values.append(value())
-            if pos < len(tokens) and tokens[pos] in ",;":
-                pos += 1
-        if end is not None:
-            if pos >= len(tokens):
-                raise ConfigParseError(f"missing {end!r}")
-            pos += 1
-        return fields
 
+def _position(text: str, offset: int) -> tuple[int, int]:
+    """The line and column (both from 1) of ``offset`` in ``text``."""
+    return text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
+
+
+def _decode(data: str | bytes, source: str) -> str:
+    """The text, checked to be UTF-8 of at most ``MAX_CONFIG_BYTES``."""
     try:
-        return message(None)
-    except IndexError:
-        raise ConfigParseError("unexpected end of text") from None
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+    except UnicodeEncodeError as exc:  # a str holding lone surrogates
+        line, column = _position(data, exc.start) if isinstance(data, str) else (None, None)
+        raise ConfigParseError(_at(source, "not UTF-8", line, column)) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigParseError(_at(source, f"{len(raw)} bytes, more than {MAX_CONFIG_BYTES}"))
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - raw.rfind(b"\n", 0, exc.start)
+        what = f"not UTF-8 (byte {raw[exc.start]:#04x})"
+        raise ConfigParseError(_at(source, what, line, column)) from None
+
+
+def _check_nesting(text: str, source: str) -> None:
+    depth = 0
+    for match in _NESTING.finditer(text):
+        depth = max(depth + _DEPTH.get(match.group(), 0), 0)
+        if depth > MAX_CONFIG_DEPTH:
+            line, column = _position(text, match.start())
+            raise ConfigParseError(
+                _at(source, f"nested deeper than {MAX_CONFIG_DEPTH} levels", line, column)
+            )
+
+
+def _line_of(text: str, field: str, index: int) -> int | None:
+    """The line that names top-level ``field`` (its ``index``-th naming, else its last)."""
+    depth, lines = 0, []
+    for match in _NAMES.finditer(text):
+        token = match.group()
+        if depth == 0 and token == field:
+            lines.append(match.start())
+        depth = max(depth + _DEPTH.get(token, 0), 0)
+    return _position(text, lines[min(index, len(lines) - 1)])[0] if lines else None
+
+
+def parse_config(data: str | bytes, source: str = CONFIG_FILENAME) -> triton.ModelConfig:
+    """``config.pbtxt`` (UTF-8 bytes, or text) as Triton's ``ModelConfig`` message, read as
+    Triton reads it (protobuf's text format: an unknown field, a repeated singular field or a
+    value of the wrong type is an error); ``ConfigParseError`` names ``source`` and the line."""
+    text = _decode(data, source)
+    _check_nesting(text, source)
+    message = triton.ModelConfig()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        found = _LOCATION.match(str(exc))
+        if found is None:
+            raise ConfigParseError(_at(source, str(exc) or "not protobuf text format")) from None
+        line, column = int(found[1]), int(found[2])
+        raise ConfigParseError(_at(source, str(exc)[found.end() :], line, column)) from None
+    return message
 
 
 @dataclass(frozen=True)
@@ -144,13 +174,6 @@ class TensorConfig:
     @property
     def numpy_dtype(self) -> np.dtype:
         return V2_TO_NUMPY[self.datatype]
-
-    def to_pbtxt(self) -> str:
-        """This tensor as one entry of an ``input`` or ``output`` list."""
-        return (
-            f'  {{\n    name: "{self.name}"\n    data_type: {V2_TO_TRITON[self.datatype]}\n'
-            f"    dims: [ {', '.join(str(d) for d in self.dims)} ]\n  }}"
-        )
 
 
 @dataclass(frozen=True)
@@ -197,14 +220,6 @@ class VersionPolicy:
             return [v for v in ordered if v in self.versions]
         return ordered[-self.num_versions :] if self.num_versions > 0 else []
 
-    def to_pbtxt(self) -> str:
-        """The ``version_policy`` field."""
-        if self.kind == "all":
-            return "version_policy: { all: { } }"
-        if self.kind == "specific":
-            return f"version_policy: {{ specific: {{ versions: {list(self.versions)} }} }}"
-        return f"version_policy: {{ latest: {{ num_versions: {self.num_versions} }} }}"
-
 
 SERVE_ALL = VersionPolicy("all")
 
@@ -220,13 +235,6 @@ class EnsembleStep:
     input_map: tuple[tuple[str, str], ...]
     output_map: tuple[tuple[str, str], ...]
 
-    def to_pbtxt(self) -> str:
-        maps = [f'    {kind} {{ key: "{key}" value: "{value}" }}\n'
-                for kind, pairs in (("input_map", self.input_map), ("output_map", self.output_map))
-                for key, value in pairs]  # fmt: skip
-        return (f'  {{\n    model_name: "{self.model_name}"\n'
-                f"    model_version: {self.model_version}\n" + "".join(maps) + "  }")  # fmt: skip
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -240,8 +248,8 @@ class ModelConfig:
     dynamic_batching: bool
     max_queue_delay_us: int | None
     version_policy: VersionPolicy = SERVE_ALL  # what export writes; a file without one: latest 1
-    # Fields present in the file that the service reads but does not act on (Triton's
-    # instance_group, model_warmup, parameters, ...): the service warns about each.
+    # Fields present in the file that the service does not act on (Triton's parameters,
+    # sequence_batching, ...): the service warns about each.
     unhonoured: tuple[str, ...] = ()
     instance_count: int = 1  # instance_group: runs of this model at once (counts summed)
     warmups: tuple[Warmup, ...] = ()  # model_warmup: run before a version is ready
@@ -250,48 +258,61 @@ class ModelConfig:
     # optimization { cuda { graphs: true graph_spec [...] } }: a CUDA graph per batch size
     cuda_graphs: tuple[int, ...] = ()
 
-    def to_pbtxt(self) -> str:
-        """The config.pbtxt text."""
-
-        def tensors(field: str, specs: tuple[TensorConfig, ...]) -> str:
-            return f"{field} [\n" + ",\n".join(t.to_pbtxt() for t in specs) + "\n]\n"
-
-        text = (
-            f'name: "{self.name}"\n'
-            f'platform: "{self.platform}"\n'
-            f"max_batch_size: {self.max_batch_size}\n"
-            + self.version_policy.to_pbtxt()
-            + "\n"
-            + tensors("input", self.inputs)
-            + tensors("output", self.outputs)
+    def to_message(self) -> triton.ModelConfig:
+        """This config as Triton's ``ModelConfig`` message (``unhonoured`` fields are not
+        kept). ``ValueError`` for what Triton's schema cannot hold: dynamic batching and
+        ensemble steps at once."""
+        if self.dynamic_batching and self.steps:
+            raise ValueError(f"{self.name}: dynamic_batching and ensemble steps exclude each other")
+        message = triton.ModelConfig(
+            name=self.name, platform=self.platform, max_batch_size=self.max_batch_size
         )
+        policy = message.version_policy
+        if self.version_policy.kind == "all":
+            policy.all.SetInParent()
+        elif self.version_policy.kind == "specific":
+            policy.specific.SetInParent()
+            policy.specific.versions.extend(self.version_policy.versions)
+        else:
+            policy.latest.num_versions = self.version_policy.num_versions
+        for tensors, field in ((self.inputs, message.input), (self.outputs, message.output)):
+            for tensor in tensors:
+                field.add(name=tensor.name, data_type=_data_type(tensor.datatype), dims=tensor.dims)
+        if self.instance_count != 1:
+            message.instance_group.add(count=self.instance_count)
         if self.dynamic_batching:
-            delay = self.max_queue_delay_us or 0
-            text += f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay}\n}}\n"
+            message.dynamic_batching.SetInParent()
+            message.dynamic_batching.max_queue_delay_microseconds = self.max_queue_delay_us or 0
         if self.cuda_graphs:
-            specs = ", ".join(f"{{ batch_size: {b} }}" for b in self.cuda_graphs)
-            text += f"optimization {{\n  cuda {{ graphs: true graph_spec [ {specs} ] }}\n}}\n"
-        if self.steps:
-            steps = ",\n".join(step.to_pbtxt() for step in self.steps)
-            text += f"ensemble_scheduling {{\n step [\n{steps}\n ]\n}}\n"
-        return text
+            message.optimization.cuda.graphs = True
+            for size in self.cuda_graphs:
+                message.optimization.cuda.graph_spec.add(batch_size=size)
+        for step in self.steps:
+            written = message.ensemble_scheduling.step.add(
+                model_name=step.model_name, model_version=step.model_version
+            )
+            written.input_map.update(step.input_map)
+            written.output_map.update(step.output_map)
+        for warmup in self.warmups:
+            sample = message.model_warmup.add(
+                name=warmup.name, batch_size=warmup.batch_size, count=warmup.count
+            )
+            for given in warmup.inputs:
+                entry = sample.inputs[given.name]
+                entry.data_type = _data_type(given.datatype)
+                entry.dims.extend(given.dims)
+                if given.source == "file":
+                    entry.input_data_file = given.file
+                else:
+                    setattr(entry, f"{given.source}_data", True)
+        if self.response_cache:
+            message.response_cache.enable = True
+        return message
 
-
-def _one(fields: dict[str, list[Any]], key: str, default: Any = None) -> Any:
-    values = fields.get(key)
-    if not values:
-        if default is None:
-            raise ConfigParseError(f"missing field {key!r}")
-        return default
-    return values[-1]
-
-
-def _tensor(fields: dict[str, list[Any]]) -> TensorConfig:
-    data_type = _one(fields, "data_type")
-    if data_type not in TRITON_TO_V2:
-        raise ConfigParseError(f"unsupported data_type {data_type!r}")
-    dims = tuple(int(d) for d in fields.get("dims", []))
-    return TensorConfig(str(_one(fields, "name")), TRITON_TO_V2[data_type], dims)
+    def to_pbtxt(self) -> str:
+        """The config.pbtxt text: Triton's message in protobuf's text format, laid out as
+        Triton's examples are (a short message on one line, lists in brackets)."""
+        return "".join(f"{line}\n" for line in _lines(self.to_message(), 0))
 
 
 def derive_model_config(
@@ -330,120 +351,150 @@ def derive_model_config(
     )
 
 
-def _instance_count(fields: dict[str, list[Any]]) -> int:
-    """Triton's ``instance_group``: the counts of every group summed (a group's default 1)."""
-    groups = fields.get("instance_group", [])
-    count = sum(int(_one(group, "count", 1)) for group in groups) if groups else 1
-    if count < 1:
-        raise ConfigParseError("instance_group: count must be at least 1")
-    return count
+def _data_type(datatype: str) -> int:
+    return triton.DataType.Value(V2_TO_TRITON[datatype])
 
 
-def _warmup_input(entry: dict[str, list[Any]]) -> WarmupInput:
-    name = str(_one(entry, "key"))
-    value = _one(entry, "value")
-    data_type = _one(value, "data_type")
-    if data_type not in TRITON_TO_V2:
-        raise ConfigParseError(f"model_warmup input {name!r}: unsupported data_type {data_type!r}")
-    dims = tuple(int(d) for d in value.get("dims", []))
-    sources = [s for s in ("zero_data", "random_data", "input_data_file") if s in value]
-    if len(sources) != 1:
-        raise ConfigParseError(
-            f"model_warmup input {name!r}: give one of zero_data, random_data, input_data_file"
-        )
-    source = sources[0]
-    file = str(_one(value, source)) if source == "input_data_file" else ""
-    kind = {"zero_data": "zero", "random_data": "random", "input_data_file": "file"}[source]
-    return WarmupInput(name, TRITON_TO_V2[data_type], dims, kind, file)
+# ---- the view, from the message ------------------------------------------------------------
 
 
-def _warmups(fields: dict[str, list[Any]]) -> tuple[Warmup, ...]:
-    """Triton's ``model_warmup``: the samples run before a version turns ready."""
+def _datatype(number: int, what: str, field: str, index: int) -> str:
+    """The V2 datatype of Triton's ``DataType`` ``number`` (proto3 keeps numbers it does not
+    name), or ``_Invalid``."""
+    known = triton.DataType.DESCRIPTOR.values_by_number.get(number)
+    name = known.name if known is not None else str(number)
+    if name not in TRITON_TO_V2:
+        raise _Invalid(field, f"{what}: unsupported data_type {name}", index)
+    return TRITON_TO_V2[name]
+
+
+def _tensor(tensor: triton.ModelInput | triton.ModelOutput, field: str, index: int) -> TensorConfig:
+    if not tensor.name:
+        raise _Invalid(field, f"{field} {index}: missing field 'name'", index)
+    what = f"{field} {tensor.name!r}"
+    for dim in tensor.dims:
+        if dim < 1 and dim != -1:  # Triton's rule
+            raise _Invalid(field, f"{what}: dimension must be integer >= 1, or -1", index)
+    return TensorConfig(
+        tensor.name, _datatype(tensor.data_type, what, field, index), tuple(tensor.dims)
+    )
+
+
+def _instance_count(message: triton.ModelConfig) -> int:
+    """Triton's ``instance_group``: the counts of every group summed (a group's count, when
+    unset or 0, is 1: Triton's default on CPU)."""
+    for index, group in enumerate(message.instance_group):
+        if group.count < 0:
+            raise _Invalid(
+                "instance_group", f"instance_group: count {group.count} is negative", index
+            )
+    return sum(group.count or 1 for group in message.instance_group) or 1
+
+
+def _warmups(message: triton.ModelConfig) -> tuple[Warmup, ...]:
+    """Triton's ``model_warmup``: the samples run before a version turns ready (a count of 0
+    runs once, as Triton's; inputs by name)."""
     warmups = []
-    for entry in fields.get("model_warmup", []):
-        name = str(_one(entry, "name", "warmup"))
-        count = int(_one(entry, "count", 1))
-        batch_size = int(_one(entry, "batch_size", 0))
-        if count < 1 or batch_size < 0:
-            raise ConfigParseError(f"model_warmup {name!r}: count >= 1 and batch_size >= 0")
-        inputs = tuple(_warmup_input(i) for i in entry.get("inputs", []))
-        warmups.append(Warmup(name, batch_size, inputs, count))
+    for index, sample in enumerate(message.model_warmup):
+        name = sample.name or "warmup"
+        inputs = []
+        for key in sorted(sample.inputs):
+            value = sample.inputs[key]
+            what = f"model_warmup {name!r} input {key!r}"
+            source = value.WhichOneof("input_data_type")
+            if source is None:
+                raise _Invalid(
+                    "model_warmup",
+                    f"{what}: give one of zero_data, random_data, input_data_file",
+                    index,
+                )
+            if any(d < 0 for d in value.dims):
+                raise _Invalid("model_warmup", f"{what}: a negative dimension", index)
+            datatype = _datatype(value.data_type, what, "model_warmup", index)
+            kind = {"zero_data": "zero", "random_data": "random", "input_data_file": "file"}[source]
+            file = value.input_data_file if kind == "file" else ""
+            inputs.append(WarmupInput(key, datatype, tuple(value.dims), kind, file))
+        warmups.append(Warmup(name, sample.batch_size, tuple(inputs), sample.count or 1))
     return tuple(warmups)
 
 
-def _steps(fields: dict[str, list[Any]]) -> tuple[EnsembleStep, ...]:
-    """Triton's ``ensemble_scheduling``'s steps, each map a tuple of (key, value) pairs."""
-
-    def pairs(entries: list[dict[str, list[Any]]]) -> tuple[tuple[str, str], ...]:
-        return tuple((str(_one(e, "key", "")), str(_one(e, "value", ""))) for e in entries)
-
+def _steps(message: triton.ModelConfig) -> tuple[EnsembleStep, ...]:
+    """Triton's ``ensemble_scheduling``'s steps, each map a tuple of (key, value) pairs in key
+    order; a version of 0 (proto3's unset) is -1, the latest."""
     steps = []
-    for step in _one(fields, "ensemble_scheduling", {}).get("step", []):
-        name = str(_one(step, "model_name", ""))
-        if not name:
-            raise ConfigParseError("ensemble_scheduling: a step without model_name")
-        version = int(_one(step, "model_version", -1))
-        steps.append(EnsembleStep(name, version, pairs(step.get("input_map", [])),
-                                  pairs(step.get("output_map", []))))  # fmt: skip
+    for index, step in enumerate(message.ensemble_scheduling.step):
+        if not step.model_name:
+            raise _Invalid(
+                "ensemble_scheduling", "ensemble_scheduling: a step without model_name", index
+            )
+        steps.append(EnsembleStep(step.model_name, step.model_version or -1,
+                                  tuple(sorted(step.input_map.items())),
+                                  tuple(sorted(step.output_map.items()))))  # fmt: skip
     return tuple(steps)
 
 
-def _cuda_graphs(fields: dict[str, list[Any]], max_batch_size: int) -> tuple[int, ...]:
+def _cuda_graphs(message: triton.ModelConfig) -> tuple[int, ...]:
     """Triton's ``optimization { cuda { graphs: true graph_spec [{ batch_size: N }] } }``: the
     batch sizes to capture a CUDA graph for, each batch padded up to the next; without a
     graph_spec, every power of two up to max_batch_size, and max_batch_size itself."""
-    cuda = _one(_one(fields, "optimization", {}), "cuda", {})
-    if not _one(cuda, "graphs", False):
+    cuda = message.optimization.cuda
+    if not cuda.graphs:
         return ()
-    if max_batch_size < 1:
-        raise ConfigParseError("optimization.cuda.graphs needs max_batch_size >= 1")
-    sizes = []
-    for spec in cuda.get("graph_spec", []):
-        if set(spec) != {"batch_size"}:
-            raise ConfigParseError("optimization.cuda.graph_spec: give batch_size alone")
-        size = int(_one(spec, "batch_size"))
-        if not 1 <= size <= max_batch_size:
-            raise ConfigParseError(
-                f"optimization.cuda.graph_spec: batch_size {size} is not in 1..{max_batch_size}"
+    largest = message.max_batch_size
+    if largest < 1:
+        raise _Invalid("optimization", "optimization.cuda.graphs needs max_batch_size >= 1")
+    sizes, what = [], "optimization.cuda.graph_spec"
+    for spec in cuda.graph_spec:
+        if any(field.name != "batch_size" for field, _ in spec.ListFields()):
+            raise _Invalid("optimization", f"{what}: give batch_size alone")
+        if not 1 <= spec.batch_size <= largest:
+            raise _Invalid(
+                "optimization",
+                f"{what}: batch_size {spec.batch_size} is not in 1..{largest}",
             )
-        sizes.append(size)
+        sizes.append(spec.batch_size)
     if not sizes:
-        sizes = [1 << k for k in range(max_batch_size.bit_length()) if 1 << k < max_batch_size]
-        sizes.append(max_batch_size)
+        sizes = [1 << k for k in range(largest.bit_length()) if 1 << k < largest]
+        sizes.append(largest)
     return tuple(sorted(set(sizes)))
 
 
-def _unhonoured(fields: dict[str, list[Any]]) -> tuple[str, ...]:
+def _present(message: Message) -> set[str]:
+    return {field.name for field, _ in message.ListFields()}
+
+
+def _unhonoured(message: triton.ModelConfig) -> tuple[str, ...]:
     """The fields present that the service does not act on; ``optimization`` counts as
     honoured when it holds only ``cuda``'s graphs."""
-    left = set(fields) - INTERPRETED
-    optimization = fields.get("optimization", [])
-    if all(set(o) <= {"cuda"} for o in optimization) and all(
-        set(c) <= {"graphs", "graph_spec"} for o in optimization for c in o.get("cuda", [])
-    ):
+    left = _present(message) - INTERPRETED
+    optimization = message.optimization
+    if _present(optimization) <= {"cuda"} and _present(optimization.cuda) <= {
+        "graphs",
+        "graph_spec",
+    }:
         left.discard("optimization")
     return tuple(sorted(left))
 
 
-def _version_policy(fields: dict[str, list[Any]]) -> VersionPolicy:
-    policies = fields.get("version_policy")
-    if not policies:
+def _version_policy(message: triton.ModelConfig) -> VersionPolicy:
+    if not message.HasField("version_policy"):
         return VersionPolicy()  # Triton's default: the latest version
-    policy = policies[-1]
-    if len(policy) != 1 or next(iter(policy)) not in ("latest", "all", "specific"):
-        raise ConfigParseError("version_policy must hold one of latest, all, specific")
-    kind, (body,) = next(iter(policy.items()))
+    policy = message.version_policy
+    kind = policy.WhichOneof("policy_choice")
     if kind == "latest":
-        count = int(_one(body, "num_versions", 1))
-        if count < 1:
-            raise ConfigParseError("version_policy latest: num_versions must be at least 1")
-        return VersionPolicy("latest", count)
+        if policy.latest.num_versions < 1:
+            raise _Invalid(
+                "version_policy", "version_policy latest: num_versions must be at least 1"
+            )
+        return VersionPolicy("latest", policy.latest.num_versions)
     if kind == "specific":
-        return VersionPolicy("specific", versions=tuple(int(v) for v in body.get("versions", [])))
-    return SERVE_ALL
+        return VersionPolicy("specific", versions=tuple(policy.specific.versions))
+    if kind == "all":
+        return SERVE_ALL
+    raise _Invalid("version_policy", "version_policy must hold one of latest, all, specific")
 
 
-# The fields load_model_config interprets; any other is reported in ``unhonoured``.
+# The fields load_model_config interprets; any other present is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
      "version_policy", "instance_group", "model_warmup", "response_cache",
@@ -451,26 +502,112 @@ INTERPRETED = frozenset(
 )  # fmt: skip
 
 
-def load_model_config(text: str, directory_name: str | None = None) -> ModelConfig:
-    """Parse and interpret a config.pbtxt; ``ConfigParseError`` says what is wrong. As Triton,
-    ``name`` may be left out: it is then the model's ``directory_name`` (ModelMesh's Triton
-    adapter writes configs without one)."""
-    fields = parse_pbtxt(text)
-    batching = fields.get("dynamic_batching", [])
-    delay = _one(batching[-1], "max_queue_delay_microseconds", -1) if batching else -1
+def _view(message: triton.ModelConfig, directory_name: str | None) -> ModelConfig:
+    name = message.name or directory_name
+    if not name:
+        raise _Invalid("name", "missing field 'name'")
+    if message.max_batch_size < 0:
+        raise _Invalid("max_batch_size", f"max_batch_size {message.max_batch_size} is negative")
+    batching = message.HasField("dynamic_batching")
     return ModelConfig(
-        name=str(_one(fields, "name", directory_name)),
-        platform=str(_one(fields, "platform", PLATFORM)),
-        max_batch_size=int(_one(fields, "max_batch_size", 0)),
-        inputs=tuple(_tensor(f) for f in fields.get("input", [])),
-        outputs=tuple(_tensor(f) for f in fields.get("output", [])),
-        dynamic_batching=bool(batching),
-        max_queue_delay_us=int(delay) if delay >= 0 else None,
-        version_policy=_version_policy(fields),
-        unhonoured=_unhonoured(fields),
-        instance_count=_instance_count(fields),
-        warmups=_warmups(fields),
-        response_cache=bool(_one(_one(fields, "response_cache", {}), "enable", False)),
-        steps=_steps(fields),
-        cuda_graphs=_cuda_graphs(fields, int(_one(fields, "max_batch_size", 0))),
+        name=name,
+        platform=message.platform or PLATFORM,
+        max_batch_size=message.max_batch_size,
+        inputs=tuple(_tensor(t, "input", i) for i, t in enumerate(message.input)),
+        outputs=tuple(_tensor(t, "output", i) for i, t in enumerate(message.output)),
+        dynamic_batching=batching,
+        max_queue_delay_us=(
+            message.dynamic_batching.max_queue_delay_microseconds if batching else None
+        ),
+        version_policy=_version_policy(message),
+        unhonoured=_unhonoured(message),
+        instance_count=_instance_count(message),
+        warmups=_warmups(message),
+        response_cache=message.response_cache.enable,
+        steps=_steps(message),
+        cuda_graphs=_cuda_graphs(message),
     )
+
+
+def load_model_config(
+    data: str | bytes, directory_name: str | None = None, *, source: str = CONFIG_FILENAME
+) -> ModelConfig:
+    """Parse and interpret a config.pbtxt (UTF-8 bytes, or text); ``ConfigParseError`` says
+    what is wrong, naming ``source`` and the line. As Triton, ``name`` may be left out: it is
+    then the model's ``directory_name`` (ModelMesh's Triton adapter writes configs without
+    one)."""
+    message = parse_config(data, source)
+    try:
+        return _view(message, directory_name)
+    except _Invalid as exc:
+        text = data if isinstance(data, str) else data.decode()  # parse_config decoded it
+        raise ConfigParseError(
+            _at(source, exc.what, _line_of(text, exc.field, exc.index))
+        ) from None
+
+
+# ---- the writer's layout -----------------------------------------------------------------
+
+
+def _items(field: FieldDescriptor, value: Any) -> list[Any]:
+    """A message field's values as messages: a map's as its entries, in key order."""
+    if field.message_type.GetOptions().map_entry:
+        entry = GetMessageClass(field.message_type)
+        return [entry(key=key, value=value[key]) for key in sorted(value)]
+    return list(value) if field.is_repeated else [value]
+
+
+def _scalar(field: FieldDescriptor, value: Any) -> str:
+    out = io.StringIO()
+    text_format.PrintFieldValue(field, value, out, as_utf8=True)
+    return out.getvalue()
+
+
+def _scalar_field(field: FieldDescriptor, value: Any) -> str:
+    """``name: value``, or ``name: [ a, b ]`` for a repeated field."""
+    if field.is_repeated:
+        return f"{field.name}: [ {', '.join(_scalar(field, v) for v in value)} ]"
+    return f"{field.name}: {_scalar(field, value)}"
+
+
+def _inline(message: Message) -> str:
+    """``message`` on one line: ``{ name: "x" dims: [ 1, 2 ] }``."""
+    parts = []
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            parts.append(_scalar_field(field, value))
+        elif field.is_repeated and not field.message_type.GetOptions().map_entry:
+            parts.append(f"{field.name} [ {', '.join(_inline(m) for m in value)} ]")
+        else:
+            parts.extend(f"{field.name} {_inline(m)}" for m in _items(field, value))
+    return f"{{ {' '.join(parts)} }}" if parts else "{ }"
+
+
+def _block(head: str, message: Message, indent: int) -> list[str]:
+    """``head`` and ``message``: one line if it fits, else its fields one a line."""
+    line = f"{' ' * indent}{head}{_inline(message)}"
+    if len(line) <= _WIDTH:
+        return [line]
+    return [f"{' ' * indent}{head}{{", *_lines(message, indent + 2), f"{' ' * indent}}}"]
+
+
+def _lines(message: Message, indent: int) -> Iterator[str]:
+    """``message``'s fields in protobuf's text format, laid out as Triton's examples are."""
+    pad = " " * indent
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            yield pad + _scalar_field(field, value)
+        elif field.is_repeated and not field.message_type.GetOptions().map_entry:
+            one = f"{pad}{field.name} [ {', '.join(_inline(m) for m in value)} ]"
+            if indent and len(one) <= _WIDTH:
+                yield one
+                continue
+            yield f"{pad}{field.name} ["
+            blocks = [_block("", m, indent + 2) for m in value]
+            for number, block in enumerate(blocks):
+                yield from block[:-1]
+                yield block[-1] + ("," if number < len(blocks) - 1 else "")
+            yield f"{pad}]"
+        else:
+            for item in _items(field, value):
+                yield from _block(f"{field.name} ", item, indent)
