@@ -126,13 +126,15 @@ def test_the_grammar_and_its_errors_are_tritons() -> None:
 
 
 def test_issue_62_item_3_every_mistake_is_one_config_parse_error(tmp_path) -> None:
-    """Issue 62 item 3: `max_batch_size: "x"` raised ValueError, other mistakes TypeError, and
-    5,000 nested blocks RecursionError, all past ConfigParseError; "café" read as "cafÃ©"."""
+    """Issue 62 item 3: `max_batch_size: "x"` raised ValueError, other mistakes TypeError or
+    AttributeError, and 5,000 nested blocks RecursionError, all past ConfigParseError; "café"
+    was read as "cafÃ©"."""
     text = EXPORTED.to_pbtxt()
     nested = "optimization { cuda { " + "graph_spec { " * 5000 + "}" * 5002
     mistakes = [
         text + 'max_batch_size: "x"\n',  # ValueError before
-        text + "dynamic_batching: 5\n",  # TypeError before (a scalar where a message goes)
+        text.replace("version_policy { all { } }", "version_policy: 5"),  # TypeError before
+        text + "dynamic_batching: 5\n",  # AttributeError before
         text + "instance_group [ 3 ]\n",
         text + nested,  # RecursionError before
         "{" * 5000,
