@@ -3,9 +3,17 @@
 As Triton's dynamic batcher: a batch closes when it holds ``max_batch_size`` samples or when its
 first request has waited ``max_queue_delay_us`` (with no delay, an inline batch waits only
 while requests keep arriving, below); requests are concatenated along the batch axis
-and the outputs split back in order. A request whose client has gone (its future cancelled) is
-dropped before the run and never disturbs the others; when a run fails, every request in it gets
-the error.
+and the outputs split back in order. A batch holds only requests that stack: the same
+non-batch shape and datatype of every input (a model with a variable dim, ``dims: [ -1 ]``,
+takes requests of several shapes; the others wait for the next batch). A request whose client
+has gone (its future cancelled) is dropped before the run and never disturbs the others. Every
+request taken into a batch is answered or failed on every path (``try``/``finally``): when a
+run of several fails, each of its requests runs again alone, so one bad request fails alone and
+no request waits forever (issue 62, item 2, "batch poisoning").
+
+``run`` is the one run path of a model version: the core asks it once per request and gets an
+answer or an error; it picks the batcher, or a run of the request alone on the event loop or on
+a thread, as below.
 
 Where a batch runs depends on what it costs, timed when the version starts serving
 (``Model.largest_batch_within``, in ``service.repository``):
@@ -40,8 +48,9 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import anyio.to_thread
 import numpy as np
 
 from service.alarm import Alarm
@@ -120,6 +129,42 @@ def _asked(results: Outputs, outputs: list[str] | None) -> Outputs:
     return {n: results[n] for n in outputs} if outputs else results
 
 
+def _stacks(first: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> bool:
+    """Whether ``other``'s inputs stack onto ``first``'s along the batch axis: the same
+    names, and for each the same non-batch shape and datatype (issue 62, item 2: requests of
+    shapes [1, 3] and [1, 5] for a variable dim never share a run)."""
+    if len(first) != len(other):
+        return False
+    for name, array in other.items():
+        given = first.get(name)
+        if given is None or given.shape[1:] != array.shape[1:] or given.dtype != array.dtype:
+            return False
+    return True
+
+
+def _settle(batch: list[_Request], error: BaseException | None = None) -> None:
+    """Fail every request of ``batch`` that has no answer yet, with ``error`` (None: that its
+    batch ended without one): the last word of every path that took requests from the queue,
+    so none of them waits forever."""
+    for request in batch:
+        if not request.future.done():
+            request.future.set_exception(
+                error or RuntimeError("its batch ended without an answer for this request")
+            )
+
+
+def _each_alone(model: Model, feeds: list[dict[str, np.ndarray]]) -> list[Any]:
+    """``timed_infer`` of each feed in turn, or the exception its run raised: a failed batch's
+    requests run again one by one, so only the requests that fail on their own fail."""
+    answers: list[Any] = []
+    for feed in feeds:
+        try:
+            answers.append(timed_infer(model, feed))
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
 def timed_infer(
     model: Model, feed: dict[str, np.ndarray], deadline: Deadline | None = None
 ) -> tuple[Outputs, int, int]:
@@ -160,6 +205,46 @@ class Runs:
         self.statistics.record_run(samples, 1, 0, infer_ns, 0)
         self.batch_size.observe(samples)  # as record's, one call fewer on the unbatched path
         self.compute.observe(infer_ns / 1e9)
+
+
+class Version(Protocol):
+    """What ``run`` needs of a serving model version (``service.repository``'s ``Served``)."""
+
+    model: Model
+    batcher: Batcher | None
+    inline_batch: int  # the largest batch run on the event loop (0: always on a thread)
+    runs: Runs
+
+
+async def run(
+    version: Version,
+    inputs: dict[str, np.ndarray],
+    size: int,
+    outputs: list[str] | None = None,
+    deadline: Deadline | None = None,
+    trace: RequestTrace | None = None,
+) -> Outputs:
+    """The one run path of a model version: one checked request of ``size`` samples, answered
+    with the outputs it asks for (None: all), or its error; never left waiting.
+
+    The version's batcher takes it when the version batches and the batcher runs where this
+    request belongs (on the event loop up to ``inline_batch`` samples, else on a thread) and
+    is not in a quiet (``Batcher.bypass``: no company lately); otherwise it runs alone, on the
+    loop within the inline bound or on a worker thread, counted in the same statistics."""
+    batcher = version.batcher
+    inline = size <= version.inline_batch
+    if batcher is not None and not batcher.bypass and inline is batcher.inline:
+        return await batcher.infer(inputs, outputs, deadline, trace)
+    model = version.model
+    handed = time.perf_counter_ns()
+    if inline:  # bounded: see ModelRepository._inline_limit
+        results, began, took = timed_infer(model, inputs)
+    else:  # onnxruntime releases the GIL: the run proceeds beside the loop
+        results, began, took = await anyio.to_thread.run_sync(timed_infer, model, inputs, deadline)
+    version.runs.record_alone(size, began - handed, took)
+    if trace is not None:
+        trace.ran(handed, began, took, None)
+    return _asked(results, outputs)
 
 
 class Batcher:
@@ -344,20 +429,28 @@ class Batcher:
         return results
 
     def _run_inline(self) -> None:
-        """One batch, on the loop; the rest of the queue waits for the next loop iteration."""
+        """One batch, on the loop; the rest of the queue waits for the next loop iteration.
+        Every request taken is answered or failed here, whatever happens."""
         batch = self._take([])
-        if batch:
-            self._ran(len(batch))
-            start = time.perf_counter_ns()
-            feed = self._feed(batch)
-            try:
-                results, began, took = timed_infer(self.model, feed)
-            except Exception as exc:
-                self._fail(batch, exc)
-            else:
-                self._split_and_record(batch, results, start, began, took)
-        if self._pending and self._scheduled is None and self._loop is not None:
-            self._scheduled = self._loop.call_soon(self._run_scheduled)
+        try:
+            if batch:
+                self._ran(len(batch))
+                start = time.perf_counter_ns()
+                feed = self._feed(batch)
+                try:
+                    results, began, took = timed_infer(self.model, feed)
+                except Exception:
+                    if len(batch) == 1:
+                        raise
+                    self._answer_alone(batch, _each_alone(self.model, [r.inputs for r in batch]))
+                else:
+                    self._split_and_record(batch, results, start, began, took)
+        except Exception as exc:
+            _settle(batch, exc)
+        finally:
+            _settle(batch)
+            if self._pending and self._scheduled is None and self._loop is not None:
+                self._scheduled = self._loop.call_soon(self._run_scheduled)
 
     def _ran(self, requests: int) -> None:
         """Count a batch of ``requests``. One with company ends the quiet, if any: the next
@@ -392,21 +485,31 @@ class Batcher:
     # ---- on a worker thread --------------------------------------------------------------------
 
     async def _gather_forever(self) -> None:
-        """Gather a batch whenever one of the model's instances is free, and run it there."""
+        """Gather a batch whenever one of the model's instances is free, and run it there.
+        Requests taken from the queue are answered by the run, or failed here if it never
+        starts (the batcher stopping while a batch gathers)."""
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             await self._instances.acquire()
-            batch = [r for r in await self._gather() if not r.future.done()]  # gone meanwhile
-            if not batch:
-                self._instances.release()
-                continue
-            self._ran(len(batch))
-            run = loop.create_task(self._run_on_thread(batch))
-            self._running.add(run)
-            run.add_done_callback(self._running.discard)
+            batch: list[_Request] = []
+            try:
+                await self._gather(batch)
+                batch = [r for r in batch if not r.future.done()]  # gone meanwhile
+                if batch:
+                    self._ran(len(batch))
+                    run = loop.create_task(self._run_on_thread(batch))  # releases the instance
+                    self._running.add(run)
+                    run.add_done_callback(self._running.discard)
+                    continue
+            except asyncio.CancelledError:
+                _settle(batch, RuntimeError("the service is shutting down"))
+                raise
+            except Exception as exc:
+                _settle(batch, exc)
+            self._instances.release()
 
     async def _run_alone_on_thread(
         self,
@@ -436,6 +539,8 @@ class Batcher:
         self._instances.release()
 
     async def _run_on_thread(self, batch: list[_Request]) -> None:
+        """One batch on a worker thread; every request of it is answered or failed here,
+        whatever happens, and the instance is free again."""
         loop = asyncio.get_running_loop()
         try:
             start = time.perf_counter_ns()
@@ -444,22 +549,29 @@ class Batcher:
                 results, began, took = await loop.run_in_executor(
                     self._executor, timed_infer, self.model, feed
                 )
-            except Exception as exc:
-                self._fail(batch, exc)
+            except Exception:
+                if len(batch) == 1:
+                    raise
+                feeds = [r.inputs for r in batch]
+                answers = await loop.run_in_executor(self._executor, _each_alone, self.model, feeds)
+                self._answer_alone(batch, answers)
             else:
                 self._split_and_record(batch, results, start, began, took)
+        except Exception as exc:
+            _settle(batch, exc)
         finally:
+            _settle(batch)
             self._instances.release()
 
-    async def _gather(self) -> list[_Request]:
-        """Take requests until the batch is full or its first request's delay is spent."""
-        batch: list[_Request] = []
+    async def _gather(self, batch: list[_Request]) -> None:
+        """Take requests into ``batch`` until it is full or its first request's delay is
+        spent."""
         while True:
             self._take(batch)
             full = self._size(batch) >= self.max_batch_size or (self._pending and batch)
             remaining = batch[0].enqueued + self.max_delay - time.perf_counter() if batch else 0
             if full or remaining <= 0:  # with no delay, at once
-                return batch
+                return
             assert self._alarm is not None  # a delay: wait for its end, or another request
             await self._delay(self._alarm, remaining)
 
@@ -473,11 +585,21 @@ class Batcher:
         await self._wakeup.wait()
 
     def _take(self, batch: list[_Request]) -> list[_Request]:
-        """Move queued requests into ``batch`` while they fit; a request larger than the batch
-        limit runs alone rather than waiting forever. Departed clients are dropped."""
-        pending, size = self._pending, self._size(batch)
-        while pending and (not batch or size + pending[0].size <= self.max_batch_size):
-            request = pending.popleft()
+        """Move queued requests that stack onto ``batch`` (``_stacks``: its first request's
+        non-batch shapes and datatypes) into it, in order, while they fit; the others keep
+        their place for a later batch. A request larger than the batch limit runs alone rather
+        than waiting forever. Departed clients are dropped."""
+        pending, size, limit = self._pending, self._size(batch), self.max_batch_size
+        first = batch[0].inputs if batch else None
+        skipped: list[_Request] = []  # of other shapes: the next batch's
+        while pending and size < limit:
+            request = pending[0]
+            if first is not None and not _stacks(first, request.inputs):
+                skipped.append(pending.popleft())
+                continue
+            if batch and size + request.size > limit:
+                break
+            pending.popleft()
             self._queued -= request.size
             if request.expiry is not None:
                 request.expiry.cancel()
@@ -486,6 +608,10 @@ class Batcher:
                 continue
             batch.append(request)
             size += request.size
+            if first is None:
+                first = request.inputs
+        if skipped:
+            pending.extendleft(reversed(skipped))
         return batch
 
     @staticmethod
@@ -544,8 +670,13 @@ class Batcher:
                 request.future.set_result({n: a[offset:end] for n, a in results.items()})
             offset = end
 
-    @staticmethod
-    def _fail(batch: list[_Request], exc: Exception) -> None:
-        for request in batch:  # every request of a failed batch gets the error
-            if not request.future.done():
-                request.future.set_exception(exc)
+    def _answer_alone(self, batch: list[_Request], answers: list[Any]) -> None:
+        """Each request of a failed batch its own run's answer, or its own run's error
+        (``_each_alone``); each run is recorded as a batch of one."""
+        for request, answer in zip(batch, answers, strict=True):
+            if isinstance(answer, Exception):
+                if not request.future.done():
+                    request.future.set_exception(answer)
+                continue
+            results, began, took = answer
+            self._split_and_record([request], results, began, began, took)

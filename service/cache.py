@@ -2,11 +2,14 @@
 ``response_cache { enable: true }`` answers a request it has answered before from memory.
 
 One cache per process, within ``GELU_RESPONSE_CACHE_BYTES`` (0: off), least recently used
-entries evicted first. An entry is keyed on the loaded version (a reloaded version never
-answers from its predecessor's entries, which go when it is retired), the outputs asked for,
-and each input's name, datatype, shape and bytes (BLAKE2b, 128 bits: one pass over the
-inputs, then one dictionary lookup). Only results are cached, never errors; the arrays are
-copied in and kept read-only, so an entry's size is what it holds.
+entries evicted first. An entry is keyed on its owners, the loaded versions whose answer it is
+(a model's version; an ensemble's version and the version each of its steps resolved to, so a
+step moving to a new version never answers from the old one's entries: issue 62, item 8), the
+outputs asked for, and each input's name, datatype, shape and bytes (BLAKE2b, 128 bits: one
+pass over the inputs, then one dictionary lookup). An entry goes when any of its owners is
+retired (a reloaded version never answers from its predecessor's entries). Only results are
+cached, never errors; the arrays are copied in and kept read-only, so an entry's size is what it
+holds.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ class ResponseCache:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.used = 0
-        self._entries: OrderedDict[bytes, tuple[Outputs, int, Any]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[Outputs, int, tuple[Any, ...]]] = OrderedDict()
 
-    def key(self, owner: Any, inputs: dict[str, np.ndarray], outputs: list[str] | None) -> bytes:
-        """The key of a request for ``owner`` (a loaded version), its checked inputs and the
-        outputs it asks for (None: all)."""
+    def key(
+        self, owners: tuple[Any, ...], inputs: dict[str, np.ndarray], outputs: list[str] | None
+    ) -> bytes:
+        """The key of a request answered by ``owners`` (loaded versions, each live while its
+        entries are: ``drop``), its checked inputs and the outputs it asks for (None: all)."""
         digest = hashlib.blake2b(digest_size=16)
-        digest.update(b"%d|" % id(owner))
+        for owner in owners:
+            digest.update(b"%d|" % id(owner))
         digest.update(repr(outputs).encode())
         for name in sorted(inputs):
             given = inputs[name]
@@ -51,9 +57,9 @@ class ResponseCache:
         self._entries.move_to_end(key)
         return entry[0]
 
-    def put(self, key: bytes, results: Outputs, owner: Any) -> None:
-        """Keep ``results`` (copied) for ``key``, evicting the least recently used entries
-        to stay within the budget; one larger than the whole budget is not kept."""
+    def put(self, key: bytes, results: Outputs, owners: tuple[Any, ...]) -> None:
+        """Keep ``results`` (copied) for ``key`` (of ``owners``), evicting the least recently
+        used entries to stay within the budget; one larger than the whole budget is not kept."""
         if key in self._entries:
             return
         kept = {}
@@ -67,12 +73,12 @@ class ResponseCache:
         while self.used + size > self.budget:
             _, (_, freed, _) = self._entries.popitem(last=False)
             self.used -= freed
-        self._entries[key] = (kept, size, owner)
+        self._entries[key] = (kept, size, owners)
         self.used += size
 
     def drop(self, owner: Any) -> None:
-        """Forget every entry of ``owner`` (a version being retired)."""
-        for key in [k for k, (_, _, o) in self._entries.items() if o is owner]:
+        """Forget every entry ``owner`` (a version being retired) is one of the owners of."""
+        for key in [k for k, (_, _, o) in self._entries.items() if any(x is owner for x in o)]:
             self.used -= self._entries.pop(key)[1]
 
     def __len__(self) -> int:

@@ -204,9 +204,11 @@ UNSUPPORTED_PARAMETERS = {
     "sequence_start": "stateful sequences",
     "sequence_end": "stateful sequences",
 }
-# The most dimensions, and the largest dimension, a request's tensor may declare.
+# The most dimensions, and the largest dimension, a request's tensor may declare; and the most
+# elements its dimensions may multiply to, a 0 counted as 1 (``check_shape``).
 MAX_DIMS = 32
 MAX_DIM = 2**31 - 1
+MAX_ELEMENTS = 2**31 - 1
 
 
 def _parameters(entry: dict[str, Any], what: str) -> dict[str, Any]:
@@ -242,15 +244,29 @@ def check_datatype(datatype: Any, what: str) -> str:
 
 
 def check_shape(shape: Any, what: str) -> list[int]:
-    """A declared shape: a list of at most MAX_DIMS integers in [0, MAX_DIM]."""
+    """A declared shape: a list of at most MAX_DIMS integers in [0, MAX_DIM] whose product,
+    a 0 counted as 1, is at most MAX_ELEMENTS.
+
+    Every face's declared shapes pass here (V2 JSON and binary, gRPC, the activation route's
+    ``X-Shape``) before an array is built: an empty tensor whose other dimensions multiply
+    past what numpy (or onnxruntime's int64 sizes) can describe, ``[0, 2**31 - 1, 2**31 - 1,
+    2**31 - 1]``, is a client's mistake, a 400, not numpy's ValueError (issue 62, item 5; the
+    declared-shape class of vLLM CVE-2025-62164)."""
     if type(shape) is not list:
         raise BadInputError(f"{what}: shape must be a list of non-negative integers <= {MAX_DIM}")
     if len(shape) > MAX_DIMS:
         raise BadInputError(f"{what}: shape has {len(shape)} dimensions; at most {MAX_DIMS}")
+    extent = 1
     for d in shape:  # a loop, not all() over a generator: this runs on every V2 request
         if type(d) is not int or not 0 <= d <= MAX_DIM:  # type(): a bool is not a dimension
             raise BadInputError(
                 f"{what}: shape must be a list of non-negative integers <= {MAX_DIM}"
+            )
+        extent *= d or 1  # at most MAX_ELEMENTS * MAX_DIM: never a large integer
+        if extent > MAX_ELEMENTS:
+            raise BadInputError(
+                f"{what}: shape {shape} describes more than {MAX_ELEMENTS} elements (its "
+                "dimensions multiplied, a 0 counted as 1)"
             )
     return shape
 

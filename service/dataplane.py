@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
-from service import __version__, ensemble
+from service import __version__, batching, ensemble
 from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
 from service.auth import Restrictions
-from service.batching import Deadline, timed_infer
+from service.batching import Deadline
 from service.cache import ResponseCache
 from service.codecs import cast
 from service.control import ModelControl
@@ -53,6 +53,7 @@ from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from service.repository import ModelRepository
 from service.repository.demand import OnDemand, Residency
 from service.repository.layout import model_names
+from service.repository.manager import Served
 from service.runtime import Model, Runtime, dims_match
 from service.settings import PROVIDER_NAMES, Settings
 from service.statistics import ModelStatistics
@@ -355,29 +356,27 @@ class DataPlane:
             names = None if outputs is None else [o.name for o in outputs]
             batched = model.config.max_batch_size > 0
             batch = len(next(iter(inputs.values()))) if batched else 1
-            inline = batch <= served.inline_batch
-            batcher = served.batcher  # bypass: no company lately, run as batching off does
             cache, hit = self.cache if model.config.response_cache else None, None
+            owners: tuple[Model, ...] = ()
             if cache is not None:  # a call only for a model that asks for the cache
-                key, hit = self._cached(cache, model, inputs, names, statistics)
+                owners = self._answerers(served)
+                if owners:
+                    key, hit = self._cached(cache, owners, inputs, names, statistics)
+                else:  # a step not serving yet: its answer is not keyed
+                    cache = None
             if hit is not None:
                 results = hit
             elif model.config.steps:  # an ensemble: each step is a request of its own
-                results = await ensemble.run(model.config, inputs, self.infer, request.timeout_us)
-            elif batcher is not None and not batcher.bypass and inline is batcher.inline:
-                results = await batcher.infer(inputs, names, deadline, request.trace)
-            else:
-                handed = time.perf_counter_ns()
-                if inline:  # bounded: see ModelRepository
-                    results, started, took = timed_infer(model, inputs)
-                else:  # onnxruntime releases the GIL: the run proceeds beside the loop
-                    run = anyio.to_thread.run_sync
-                    results, started, took = await run(timed_infer, model, inputs, deadline)
-                served.runs.record_alone(batch, started - handed, took)
-                if request.trace is not None:
-                    request.trace.ran(handed, started, took, None)
-            if cache is not None and hit is None:
-                self._keep(cache, key, model, results, statistics)
+                results, ran = await ensemble.run(
+                    model.config, inputs, self.infer, request.timeout_us
+                )
+                # A step that moved meanwhile: this answer is not the keyed versions'.
+                if cache is not None and (ran != owners[1:] or self._answerers(served) != owners):
+                    cache = None
+            else:  # the version's one run path: batched, alone, inline or on a thread
+                results = await batching.run(served, inputs, batch, names, deadline, request.trace)
+            if cache is not None and hit is None and not served.retired:
+                self._keep(cache, key, owners, results, statistics)
             ok = True
         finally:
             served.finished()
@@ -390,6 +389,7 @@ class DataPlane:
                 binary_default=request.binary_outputs,
                 inputs=inputs,
                 id=request.id,
+                answerer=served.model,
             )
         labels = served.info.label_names
         return InferenceResult(
@@ -403,6 +403,7 @@ class DataPlane:
             binary={o.name: o.binary for o in outputs},
             inputs=inputs,
             id=request.id,
+            answerer=served.model,
         )
 
     def _deadline(self, request: InferenceRequest, began: int) -> Deadline | None:
@@ -413,18 +414,38 @@ class DataPlane:
             timeout_us = self.settings.default_timeout_us
         return Deadline(began, timeout_us) if timeout_us else None
 
+    def _answerers(self, served: Served) -> tuple[Model, ...]:
+        """The loaded versions whose answer a request of ``served`` is: its own model's, and
+        for an ensemble each step's, as the steps resolve now; none when a step has no version
+        serving (on_demand: not loaded yet). A cached answer is keyed by all of them, so a step
+        moving to a new version never serves a stale answer (issue 62, item 8)."""
+        model = served.model
+        if not model.config.steps:
+            return (model,)
+        repository = self._repository()
+        owners = [model]
+        for step in model.config.steps:
+            version = str(step.model_version) if step.model_version > 0 else None
+            try:
+                owners.append(repository.get(step.model_name, version).model)
+            except NotFoundError:
+                return ()
+        return tuple(owners)
+
     def _cached(
         self,
         cache: ResponseCache,
-        model: Model,
+        owners: tuple[Model, ...],
         inputs: dict[str, np.ndarray],
         names: list[str] | None,
         statistics: ModelStatistics,
     ) -> tuple[bytes, dict[str, np.ndarray] | None]:
-        """A cached model's key for this request, and its answer if the cache has it (a hit
-        timed as Triton's ``cache_hit``; a miss's lookup is timed with its insertion)."""
+        """A cached model's key for this request (its ``owners``, ``_answerers``), and its
+        answer if the cache has it (a hit timed as Triton's ``cache_hit``; a miss's lookup is
+        timed with its insertion)."""
+        model = owners[0]
         began = time.perf_counter_ns()
-        key = cache.key(model, inputs, names)
+        key = cache.key(owners, inputs, names)
         hit = cache.get(key)
         if hit is not None:
             statistics.cache_hit.add(time.perf_counter_ns() - began)
@@ -438,12 +459,12 @@ class DataPlane:
         self,
         cache: ResponseCache,
         key: bytes,
-        model: Model,
+        owners: tuple[Model, ...],
         results: dict[str, np.ndarray],
         statistics: ModelStatistics,
     ) -> None:
         began = time.perf_counter_ns()
-        cache.put(key, results, model)
+        cache.put(key, results, owners)
         statistics.cache_miss.ns += time.perf_counter_ns() - began  # a miss: lookup + insertion
         self.metrics.cache_bytes.set(cache.used)
 

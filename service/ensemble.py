@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,11 +84,14 @@ def check_steps(config: ModelConfig, root: Path, read: Callable[[Path], ModelCon
 
 async def run(
     config: ModelConfig, inputs: dict[str, np.ndarray], infer: Infer, timeout_us: int | None
-) -> dict[str, np.ndarray]:
-    """The ensemble's outputs for ``inputs`` (checked against its config): each step run in
-    turn through ``infer`` (the core's, so each is checked, batched and counted as a request
-    of its own), with the request's timeout."""
+) -> tuple[dict[str, np.ndarray], tuple[Any, ...]]:
+    """The ensemble's outputs for ``inputs`` (checked against its config), and the loaded
+    version (``InferenceResult.answerer``) each step ran on: each step run in turn through
+    ``infer`` (the core's, so each is checked, batched and counted as a request of its own),
+    with the request's timeout. The response cache keys an ensemble's answer by its steps'
+    versions (issue 62, item 8)."""
     tensors = dict(inputs)
+    answerers = []
     for step in config.steps:
         request = InferenceRequest(
             [
@@ -99,5 +103,6 @@ async def run(
         )
         version = str(step.model_version) if step.model_version > 0 else None
         result = await infer(step.model_name, version, request)
+        answerers.append(result.answerer)
         tensors.update((value, result.outputs[key]) for key, value in step.output_map)
-    return {t.name: tensors[t.name] for t in config.outputs}
+    return {t.name: tensors[t.name] for t in config.outputs}, tuple(answerers)

@@ -122,6 +122,7 @@ class InferenceResult:
     binary_default: bool = False  # for an output ``binary`` does not name
     inputs: dict[str, np.ndarray] = field(default_factory=dict)  # as validated
     id: str | None = None
+    answerer: Any = None  # the loaded version (``service.runtime.Model``) that answered
 
     def as_binary(self, name: str) -> bool:
         """Whether output ``name`` is asked for as raw bytes."""

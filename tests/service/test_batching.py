@@ -9,11 +9,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import uvloop
+from onnx import TensorProto, helper, numpy_helper
 
 import service.batching
 from service.batching import PATIENCE, QUIET_MS, Batcher, Deadline, Runs, _Request
+from service.batching import run as run_request
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -547,3 +550,152 @@ def test_an_inline_batcher_runs_every_batch_on_the_loop(model, monkeypatch) -> N
     results = run(scenario())
     assert [r["logits"].shape[0] for r in results] == [1, 4, 2]
     assert threads and all(t is threading.main_thread() for t in threads), threads
+
+
+# A model with a variable dim (``dims: [ -1 ]``) that batches: y = 2 x, of any row length.
+VARIABLE_CONFIG = """name: "varlen"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+"""
+
+
+@pytest.fixture(scope="module")
+def variable(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    root = tmp_path_factory.mktemp("variable")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])],
+        "varlen",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+        initializer=[numpy_helper.from_array(np.array(2, np.float32), "two")],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx_model.ir_version = 10
+    (root / "varlen" / "1").mkdir(parents=True)
+    onnx.save(onnx_model, str(root / "varlen" / "1" / "model.onnx"))
+    (root / "varlen" / "config.pbtxt").write_text(VARIABLE_CONFIG)
+    return load_model(root, "varlen")
+
+
+@pytest.mark.parametrize("delay_us", [0, 20_000])
+def test_requests_of_other_shapes_never_share_a_run(
+    variable, monkeypatch, inline, delay_us
+) -> None:
+    """Issue 62, item 2 (batch poisoning): concurrent requests of shapes [1, 3] and [1, 5] for
+    a variable dim were concatenated into one run, outside its ``try``: the run's requests got
+    500 or never an answer. A batch holds only requests that stack; every one is answered."""
+    shapes: list[set[tuple[int, ...]]] = []
+    real = variable.infer
+
+    def infer(inputs, outputs=None):
+        shapes.append({inputs["x"].shape[1:]})
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(variable, "infer", infer)
+    rows = [np.full((1, 3 if i % 2 else 5), i, np.float32) for i in range(16)]
+
+    async def scenario():
+        batcher = started(variable, 8, delay_us, inline)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(batcher.infer({"x": x}) for x in rows)), timeout=10
+        )
+        await batcher.stop()
+        return answers
+
+    for x, answer in zip(rows, run(scenario()), strict=True):
+        np.testing.assert_array_equal(answer["y"], 2 * x)
+    assert sum(len(s) for s in shapes) == len(shapes) < len(rows)  # one shape a run, batched
+
+
+def test_a_request_that_fails_its_batch_fails_alone(model, monkeypatch, inline) -> None:
+    """A run that fails for one request of a batch runs its requests again one by one: only
+    the request that fails on its own gets the error (issue 62, "one run path")."""
+    sizes: list[int] = []
+    real = model.infer
+
+    def infer(inputs, outputs=None):
+        sizes.append(len(inputs["input"]))
+        if (inputs["input"] < 0).any():
+            raise RuntimeError("onnxruntime refused a value")
+        return real(inputs, outputs)
+
+    monkeypatch.setattr(model, "infer", infer)
+    bad = -DIGITS[:1]
+
+    async def scenario():
+        batcher = started(model, 64, 20_000, inline)
+        answers = await asyncio.wait_for(asyncio.gather(
+            batcher.infer({"input": DIGITS[:2]}), batcher.infer({"input": bad}),
+            batcher.infer({"input": DIGITS[2:5]}), return_exceptions=True,
+        ), timeout=10)  # fmt: skip
+        await batcher.stop()
+        return answers
+
+    good, failed, other = run(scenario())
+    assert isinstance(failed, RuntimeError) and "refused" in str(failed)
+    assert good["logits"].shape == (2, 10) and other["logits"].shape == (3, 10)
+    assert sizes == [6, 2, 1, 3]  # the batch, then each alone
+
+
+def test_every_request_taken_is_answered_whatever_fails(model, monkeypatch, inline) -> None:
+    """A fault after the run (splitting its outputs) still answers every request of the batch,
+    with the error, and the batcher serves on: no request waits forever."""
+    calls = 0
+    real = Batcher._split_and_record
+
+    def split(self, *args):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ValueError("split went wrong")
+        return real(self, *args)
+
+    monkeypatch.setattr(Batcher, "_split_and_record", split)
+
+    async def scenario():
+        batcher = started(model, 64, 20_000, inline)
+        failed = await asyncio.wait_for(asyncio.gather(
+            *(batcher.infer({"input": DIGITS[:2]}) for _ in range(3)), return_exceptions=True
+        ), timeout=10)  # fmt: skip
+        after = await asyncio.wait_for(batcher.infer({"input": DIGITS[:1]}), timeout=10)
+        await batcher.stop()
+        return failed, after
+
+    failed, after = run(scenario())
+    assert all(isinstance(e, ValueError) for e in failed), failed
+    assert after["logits"].shape == (1, 10)
+
+
+def test_stopping_fails_a_batch_still_gathering(model) -> None:
+    """Requests taken into a batch that waits out its queue delay when the batcher stops are
+    failed, not left waiting."""
+
+    async def scenario():
+        batcher = started(model, 64, 5_000_000)  # a delay that outlasts the test
+        waiting = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0.05)
+        await batcher.stop()
+        return await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 5)
+
+    (error,) = run(scenario())
+    assert isinstance(error, RuntimeError) and "shutting down" in str(error)
+
+
+@pytest.mark.parametrize("inline_batch", [0, 64], ids=["thread", "inline"])
+def test_run_takes_a_version_without_a_batcher_alone(model, inline_batch: int) -> None:
+    """``run``, the one run path: a version that does not batch runs each request alone, on
+    the loop within its inline bound or on a thread, counted as a run of one request."""
+
+    class Version:
+        def __init__(self) -> None:
+            self.model, self.inline_batch = model, inline_batch
+            self.batcher: Batcher | None = None
+            self.runs = Runs(model, Metrics())
+
+    version = Version()
+    answer = run(run_request(version, {"input": DIGITS[:3]}, 3, ["logits"]))
+    assert list(answer) == ["logits"] and answer["logits"].shape == (3, 10)
+    assert version.runs.statistics.execution_count == 1

@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from export.defaults import DEFAULT_ENSEMBLE, default_ensemble, write_ensemble
 from service.cache import ENTRY_OVERHEAD, ResponseCache
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
 from tests.helpers import DIGITS
+from tests.onnx_models import write_model
 
 pytestmark = pytest.mark.anyio
 
@@ -102,22 +104,77 @@ def test_the_byte_budget_holds_under_unique_inputs() -> None:
     entry = 10 * 4 + ENTRY_OVERHEAD  # one row's ten float32 logits
     cache = ResponseCache(budget=20 * entry)
     for row in rows:
-        key = cache.key(owner, {"input": row[None]}, None)
-        cache.put(key, {"logits": np.ones((1, 10), np.float32)}, owner)
+        key = cache.key((owner,), {"input": row[None]}, None)
+        cache.put(key, {"logits": np.ones((1, 10), np.float32)}, (owner,))
         assert cache.used <= cache.budget
     assert len(cache) == 20  # the most recent twenty
-    last = cache.key(owner, {"input": rows[-1][None]}, None)
-    first = cache.key(owner, {"input": rows[0][None]}, None)
+    last = cache.key((owner,), {"input": rows[-1][None]}, None)
+    first = cache.key((owner,), {"input": rows[0][None]}, None)
     assert cache.get(last) is not None and cache.get(first) is None
-    cache.put(b"huge", {"x": np.ones(10_000, np.float32)}, owner)  # above the whole budget
+    cache.put(b"huge", {"x": np.ones(10_000, np.float32)}, (owner,))  # above the whole budget
     assert cache.get(b"huge") is None and cache.used <= cache.budget
 
 
 def test_kept_arrays_are_copies_that_cannot_change() -> None:
     owner, logits = object(), np.zeros((2, 10), np.float32)
     cache = ResponseCache(budget=1 << 20)
-    cache.put(b"k", {"logits": logits[:1]}, owner)  # a view into a larger batch's output
+    cache.put(b"k", {"logits": logits[:1]}, (owner,))  # a view into a larger batch's output
     logits[0, 0] = 5.0
     kept = cache.get(b"k")
     assert kept is not None and kept["logits"][0, 0] == 0.0
     assert kept["logits"].base is None and not kept["logits"].flags.writeable
+
+
+def test_an_entry_is_keyed_by_every_owner_and_goes_with_any_of_them() -> None:
+    """An ensemble's answer is its version's and its steps' (issue 62, item 8): another step
+    version is another key, and retiring any owner drops the entry."""
+    ensemble, step, newer = object(), object(), object()
+    cache = ResponseCache(budget=1 << 20)
+    inputs = {"input": DIGITS[:1]}
+    key = cache.key((ensemble, step), inputs, None)
+    assert key != cache.key((ensemble, newer), inputs, None)
+    assert key != cache.key((ensemble,), inputs, None)
+    cache.put(key, {"logits": np.ones((1, 10), np.float32)}, (ensemble, step))
+    cache.drop(newer)
+    assert cache.get(key) is not None
+    cache.drop(step)
+    assert cache.get(key) is None and len(cache) == 0 and cache.used == 0
+
+
+async def test_an_ensemble_never_answers_from_a_step_version_gone_by(
+    settings_factory, tmp_path: Path, model_repository: Path
+) -> None:
+    """Issue 62, item 8: an ensemble with ``response_cache`` answered from the cache after one
+    of its steps moved to a new version. Its answers are keyed by the versions its steps
+    resolved to: after the step's new version loads, the same request is answered by it."""
+    root = tmp_path / "repo"
+    shutil.copytree(model_repository, root)
+    write_ensemble(root, default_ensemble(root))
+    config = root / DEFAULT_ENSEMBLE / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    settings = settings_factory(
+        model_repository=root, response_cache_bytes=1 << 20, model_control_mode="explicit",
+        load_models=["digits-autoencoder", "digits-mlp", DEFAULT_ENSEMBLE],
+    )  # fmt: skip
+    core = DataPlane(settings)
+    await core.start()
+    try:
+        before = (await core.infer(DEFAULT_ENSEMBLE, None, _request(DIGITS[:2]))).outputs
+        again = (await core.infer(DEFAULT_ENSEMBLE, None, _request(DIGITS[:2]))).outputs
+        (stats,) = core.statistics(DEFAULT_ENSEMBLE)
+        assert stats["inference_stats"]["cache_hit"]["count"] == 1  # type: ignore[index]
+        np.testing.assert_array_equal(again["logits"], before["logits"])
+        write_model(root, "digits-mlp", 3, seed=7)  # the classifier step's new version
+        await core.control.load("digits-mlp")
+        assert core.model("digits-mlp").version == "3"
+        after = (await core.infer(DEFAULT_ENSEMBLE, None, _request(DIGITS[:2]))).outputs
+        reconstruction = await core.infer("digits-autoencoder", None, _request(DIGITS[:2]))
+        direct = await core.infer("digits-mlp", "3", InferenceRequest(
+            [RequestInput(reconstruction.outputs["reconstruction"], "input", "FP32")]
+        ))  # fmt: skip
+        np.testing.assert_array_equal(after["logits"], direct.outputs["logits"])
+        assert not np.array_equal(after["logits"], before["logits"])
+        (stats,) = core.statistics(DEFAULT_ENSEMBLE)
+        assert stats["inference_stats"]["cache_hit"]["count"] == 1  # type: ignore[index]
+    finally:
+        await core.stop()

@@ -131,3 +131,46 @@ def test_output_bytes_are_little_endian_whatever_the_arrays_order(dtype: str) ->
     values = np.array([[1.5, -2.25], [3.0, 0.125]], dtype)
     raw = codecs.output_bytes(values[:, ::-1])  # not contiguous either
     np.testing.assert_array_equal(np.frombuffer(raw, "<f4"), [-2.25, 1.5, 0.125, 3.0])
+
+
+HUGE = codecs.MAX_DIM
+# Declared shapes no array may have (issue 62, item 5; vLLM CVE-2025-62164's class): empty
+# ones whose other dimensions multiply past numpy's sizes, products past int64 and past the
+# element bound, dimensions negative or too large, and what the format refuses outright.
+BAD_SHAPES = [
+    ([0, HUGE, HUGE, HUGE], "more than"),
+    ([0, HUGE, HUGE], "more than"),
+    ([HUGE, 0, 2], "more than"),  # the 0 anywhere
+    ([65536, 65536, 65536, 65536], "more than"),  # past int64, not only past the bound
+    ([46341, 46341], "more than"),  # just past 2**31 - 1 elements
+    ([-1, 3], "non-negative"),
+    ([HUGE + 1], "non-negative"),
+    ([1] * (codecs.MAX_DIMS + 1), "dimensions"),
+]
+
+
+@pytest.mark.parametrize(("shape", "needle"), BAD_SHAPES)
+def test_a_shape_no_array_may_have_is_a_client_mistake(shape: list[int], needle: str) -> None:
+    with pytest.raises(BadInputError, match=needle):
+        codecs.check_shape(shape, "input 'x'")
+
+
+def test_an_empty_shape_within_the_bound_is_an_empty_array() -> None:
+    shape = [0, 46340, 46340]  # 2,147,395,600 elements, 0 counted as 1: within the bound
+    assert codecs.check_shape(shape, "x") == shape
+    assert codecs.raw_tensor(b"", shape, "FP32", "x").shape == tuple(shape)
+
+
+@pytest.mark.parametrize(("shape", "needle"), BAD_SHAPES[:5])
+def test_every_format_refuses_a_declared_shape_bomb(shape: list[int], needle: str) -> None:
+    """V2 JSON, V2 binary and the activation route's X-Shape answer 400, never numpy's
+    ValueError (a 500 and a traceback per request, issue 62, item 5)."""
+    entry = {"name": "x", "datatype": "FP32", "shape": shape}
+    with pytest.raises(BadInputError, match=needle):
+        codecs.decode_v2(json.dumps({"inputs": [{**entry, "data": []}]}).encode(), None)
+    binary = {**entry, "parameters": {"binary_data_size": 0}}
+    header = json.dumps({"inputs": [binary]}).encode()
+    with pytest.raises(BadInputError, match=needle):
+        codecs.decode_v2(header, str(len(header)))
+    with pytest.raises(BadInputError, match=needle):
+        codecs.decode_activation_binary(b"", ",".join(map(str, shape)))
