@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.errors import BadInputError, ModelLoadError, NotReadyError
+from service.errors import BadInputError, LoadFailedError, ModelLoadError, NotReadyError
 from service.repository import ModelRepository
 from service.repository.demand import OnDemand
 from service.settings import Settings
@@ -55,8 +55,8 @@ class ModelControl:
         repository, on_demand = self._repository(), self._on_demand()
         try:
             await (on_demand.load(name) if on_demand is not None else repository.load(name))
-        except ModelLoadError as exc:
-            raise BadInputError(f"failed to load {name!r}: {exc}") from None
+        except ModelLoadError as exc:  # whatever failed: the repository made it the refusal
+            raise LoadFailedError(name, str(exc)) from None
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name`` once its requests finish (explicit and on_demand modes)."""

@@ -33,6 +33,15 @@ class BadInputError(ServiceError):
     status_code = 400
 
 
+class LoadFailedError(BadInputError):
+    """A model that could not be loaded, as Triton answers a failed load: 400, "failed to
+    load". Its reason names the model's files from the repository's root, never where the
+    repository lies on disk (issue 62, item 9)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"failed to load {name!r}: {reason}")
+
+
 class NotFoundError(ServiceError):
     """Unknown model, version or activation."""
 
@@ -93,4 +102,6 @@ class StartupError(RuntimeError):
 
 class ModelLoadError(RuntimeError):
     """A model or version that cannot be served (unreadable config, corrupt or mismatched
-    ONNX file, a refused provider); the message names it and says why."""
+    ONNX file, a refused provider); the message names it and says why. The repository turns
+    every error of a load into this one (issue 62, item 3); the faces answer it as
+    ``LoadFailedError``."""

@@ -9,6 +9,14 @@ released. A version that fails to load leaves what was serving untouched and is 
 ``UNAVAILABLE`` with the reason (``index()``, a log line, a metric). ``unload(name)`` retires
 every version. ``poll_forever()`` re-scans the repository and acts on a model whose files have
 changed only once two scans in a row agree, so a file still being copied is never loaded.
+
+One model's failure is that model's (issue 62, item 3): every error of a load, of any type (a
+config the parser chokes on, an ``OSError``, a ``RecursionError``, onnxruntime's own exceptions,
+a ``MemoryError``), becomes that version's refusal, ``ModelLoadError`` with its reason, logged
+as one line and kept for the index; start-up (``GELU_EXIT_ON_ERROR=false``), the poller and the
+other models go on. A refusal names the model's files from the repository's root, never where
+the repository lies on disk (issue 62, item 9; Triton's CVE-2023-31036 was a load API that
+reached paths outside its repository): only the log line names the root.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +35,7 @@ import anyio.to_thread
 from contract.model_config import ModelConfig
 from contract.names import CONFIG_FILENAME
 from service.batching import Batcher, Runs
-from service.errors import ModelLoadError, NotFoundError
+from service.errors import ModelLoadError, NotFoundError, first_line
 from service.inference import ModelInfo, TensorInfo
 from service.metrics import Metrics
 from service.repository.layout import (
@@ -45,6 +54,8 @@ logger = logging.getLogger("gelu_serve")
 
 READY, UNAVAILABLE = "READY", "UNAVAILABLE"
 Scan = dict[int, tuple[int, ...] | None]  # version -> file signature (None: unreadable)
+# A model name is one directory entry: longer ones are refused without asking the disk.
+NAME_MAX = 255
 
 
 @dataclass(eq=False)
@@ -57,10 +68,11 @@ class Served:
     signature: tuple[int, ...]
     runs: Runs
     info: ModelInfo | None = None
-    in_flight: int = 0
+    in_flight: int = 0  # requests taken and not yet answered: running or queued
     retired: bool = False
     last_used: int = field(default_factory=time.perf_counter_ns)  # its last request's arrival
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    on_idle: Callable[[], object] | None = None  # told when its last request in flight ends
 
     @property
     def memory_bytes(self) -> int:
@@ -71,10 +83,15 @@ class Served:
 
     def finished(self) -> None:
         """One request of this version is done (``in_flight`` was raised for it when it
-        arrived); a retired version that has no more can be released."""
+        arrived, before any ``await``); a retired version that has no more can be released,
+        and one still serving is idle: on_demand may unload it to make room (issue 62, item
+        7: a version with requests in flight or queued is never unloaded to make room)."""
         self.in_flight -= 1
-        if self.retired and not self.in_flight:
-            self.drained.set()
+        if not self.in_flight:
+            if self.retired:
+                self.drained.set()
+            elif self.on_idle is not None:
+                self.on_idle()
 
 
 @dataclass(frozen=True)
@@ -96,10 +113,16 @@ class ModelRepository:
         self._serving: dict[str, dict[str, Served]] = {}
         self._states: dict[str, dict[str, VersionState]] = {}
         self._loaded_scans: dict[str, tuple[ModelConfig | None, Scan]] = {}
+        # Why a model that serves no version could not be read at all (its config), by name.
+        self._refusals: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._retire_listeners: list[Callable[[Model], object]] = []
+        self._idle_listeners: list[Callable[[], object]] = []
+        # The root as messages may spell it, longest first: refusals name files from it.
+        spellings = {str(self.root), str(self.root.resolve())}
+        self._roots = sorted(spellings, key=len, reverse=True)
         key = settings.model_verify_key  # every version's signature checked before it loads
         self.verifier = Verifier(key) if key is not None else None
         # Without config.pbtxt (unless strict), a model's config is derived from its ONNX file.
@@ -120,10 +143,13 @@ class ModelRepository:
         return name in self._serving or name in self._states
 
     def get(self, name: str, version: str | None = None) -> Served:
-        """A serving version (default: the highest), or ``NotFoundError``."""
+        """A serving version (default: the highest), or ``NotFoundError``. The error names
+        what was asked and nothing else: a client that may only probe health learns no other
+        model's name from it (issue 62, item 9); ``GET /v2/models`` lists them to those
+        allowed. An unknown version lists the versions of the model asked for."""
         versions = self._serving.get(name)
         if versions is None:
-            raise NotFoundError(f"unknown model {name!r}; available: {', '.join(self._serving)}")
+            raise NotFoundError(f"unknown model {name!r}")
         if version is None:
             return versions[max(versions, key=int)]
         served = versions.get(version)
@@ -136,6 +162,18 @@ class ModelRepository:
     def all(self) -> list[Served]:
         """Every serving version."""
         return [s for versions in self._serving.values() for s in versions.values()]
+
+    def in_flight(self, name: str) -> int:
+        """The requests running or queued on ``name``'s serving versions."""
+        return sum(s.in_flight for s in self._serving.get(name, {}).values())
+
+    def on_idle(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` whenever a serving version's last request in flight ends."""
+        self._idle_listeners.append(listener)
+
+    def _idle(self) -> None:
+        for listener in self._idle_listeners:
+            listener()
 
     def loaded(self) -> dict[str, tuple[int, int]]:
         """Each loaded model's last use (``time.perf_counter_ns``) and its sessions' bytes."""
@@ -170,8 +208,13 @@ class ModelRepository:
         for name in sorted(names):
             states = self._states.get(name)
             if not states:
-                if not ready_only:
+                refusal = self._refusals.get(name)
+                if ready_only:
+                    continue
+                if refusal is None:
                     entries.append({"name": name})
+                else:  # it could not be read at all: Triton's entry without a version
+                    entries.append({"name": name, "state": UNAVAILABLE, "reason": refusal})
                 continue
             for version, state in sorted(states.items(), key=lambda item: int(item[0])):
                 if ready_only and state.state != READY:
@@ -184,27 +227,77 @@ class ModelRepository:
 
     async def load(self, name: str, log_failures: bool = True) -> None:
         """Load (or reload) ``name`` as its files and ``config.pbtxt`` say; the versions that
-        load serve, the rest keep what was serving. ``ModelLoadError`` names each failure
-        (logged too, unless the caller reports it itself)."""
-        self.check_name(name)
+        load serve, the rest keep what was serving. ``ModelLoadError`` names each failure,
+        whatever went wrong (logged too, unless the caller reports it itself); it is the only
+        exception a load raises, besides ``NotFoundError`` for a name that is no model."""
+        await self.check_name(name)
         async with self._lock:
             await self._load(name, self.root / name, log_failures)
 
-    async def unload(self, name: str, reason: str = "unloaded") -> bool:
+    async def unload(self, name: str, reason: str = "unloaded", if_idle: bool = False) -> bool:
         """Stop serving every version of ``name``; each finishes its requests first. The
-        index gives ``reason`` for each. Whether any version was serving."""
+        index gives ``reason`` for each. With ``if_idle``, only when no request is running or
+        queued on it (checked once the repository is this call's: on_demand's room is never
+        made from a model in use). Whether any version was unloaded."""
         if name not in self._serving and name not in self._states:
-            self.check_name(name)
+            await self.check_name(name)
         async with self._lock:
+            if if_idle and self.in_flight(name):
+                return False
             return self._unload(name, reason)
 
-    def check_name(self, name: str) -> None:
+    async def check_name(self, name: str) -> None:
         """``NotFoundError`` unless ``name`` is a model of the repository as the index lists
         them: a directory right under the root, by that very name. Not the root itself (""), a
         version directory, a hidden one, or another spelling of a path ("digits-mlp/./1"),
-        each of which would otherwise become an entry of its own in the index."""
-        if not (self.root.is_dir() and name in model_names(self.root)):
-            raise NotFoundError(f"no model {name!r} in the repository {self.root}")
+        each of which would otherwise become an entry of its own in the index.
+
+        The name is checked as a string first, then with one ``stat`` on a worker thread: an
+        unknown name costs the event loop no directory listing, whatever the repository holds
+        (issue 62, item 11). The error names the name asked for, never the repository's path
+        (item 9)."""
+        plain = (
+            0 < len(name.encode("utf-8", "surrogatepass")) <= NAME_MAX
+            and not name.startswith(".")
+            and "/" not in name
+            and os.sep not in name
+            and "\0" not in name
+        )
+        if not (plain and await anyio.to_thread.run_sync(self._is_model_dir, name)):
+            raise NotFoundError(f"no model {name!r} in the repository")
+
+    def _is_model_dir(self, name: str) -> bool:
+        try:
+            return (self.root / name).is_dir()
+        except (OSError, ValueError):
+            return False
+
+    async def fingerprint(self, name: str) -> tuple[tuple[str, int, int, int], ...]:
+        """What changes when any file of ``name`` changes: the path, size, modification and
+        status-change times (the last cannot be set back) of each file in its directory and
+        in each directory right under it; read on a worker thread. on_demand remembers a
+        failed load by it."""
+        return await anyio.to_thread.run_sync(self._fingerprint, self.root / name)
+
+    @staticmethod
+    def _fingerprint(model_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
+        entries: list[tuple[str, int, int, int]] = []
+        try:
+            with os.scandir(model_dir) as top:
+                for entry in top:
+                    stat = entry.stat()
+                    entries.append((entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
+                    if entry.is_dir():
+                        with os.scandir(entry.path) as inner:
+                            for item in inner:
+                                stat = item.stat()
+                                name = f"{entry.name}/{item.name}"
+                                entries.append(
+                                    (name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+                                )
+        except OSError:
+            entries.append(("", -1, -1, -1))  # unreadable: a state of its own
+        return tuple(sorted(entries))
 
     async def stop(self) -> None:
         """Stop polling, retire every version, and wait until all have drained."""
@@ -217,20 +310,24 @@ class ModelRepository:
         await asyncio.gather(*self._retiring, return_exceptions=True)
         self._states.clear()
         self._loaded_scans.clear()
+        self._refusals.clear()
 
     def start_polling(self, seconds: float) -> None:
         """Re-scan the repository every ``seconds`` (poll mode)."""
         self._poller = asyncio.get_running_loop().create_task(self.poll_forever(seconds))
 
     async def poll_forever(self, seconds: float) -> None:
-        """Act on each model whose files changed, once two scans in a row agree."""
+        """Act on each model whose files changed, once two scans in a row agree. Each model
+        is scanned and loaded on its own: one that cannot be read, or fails to load, is
+        reported (a log line, the index) and the others go on; nothing stops the poller but
+        ``stop()`` (issue 62, item 3)."""
         previous: dict[str, tuple[ModelConfig | None, Scan]] = {}
         while True:
             await asyncio.sleep(seconds)
             try:
                 current = await anyio.to_thread.run_sync(self._scan_all)
-            except OSError as exc:
-                logger.error("cannot scan %s: %s", self.root, exc)
+            except Exception as exc:  # the root itself: unreadable, gone; the next scan may do
+                logger.error("cannot scan the model repository %s: %s", self.root, first_line(exc))
                 continue
             for name in sorted(set(current) | set(self._loaded_scans)):
                 seen, before = current.get(name), previous.get(name)
@@ -242,61 +339,102 @@ class ModelRepository:
                         self._unload(name)
                         self._states.pop(name, None)
                         self._loaded_scans.pop(name, None)
-                    else:
-                        # A failure is reported by _load; what was serving still serves.
-                        with contextlib.suppress(ModelLoadError, NotFoundError):
-                            await self._load(name, self.root / name)
+                        self._refusals.pop(name, None)
+                        continue
+                    # A refusal is reported by _load; what was serving still serves.
+                    with contextlib.suppress(ModelLoadError):
+                        await self._load(name, self.root / name)
             previous = current
 
     # ---- inside the lock ---------------------------------------------------------------------
 
     async def _load(self, name: str, model_dir: Path, log_failures: bool = True) -> None:
+        """``_load_versions``, with whatever escapes it (a bug's exception included) made the
+        model's refusal: ``ModelLoadError`` is the only exception a load raises."""
+        try:
+            await self._load_versions(name, model_dir, log_failures)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            reason = self._refusal(exc, name)
+            current = self._serving.get(name, {})
+            self._fail(name, {v: reason for v in current} or {"": reason}, log_failures)
+            raise ModelLoadError(reason) from None
+
+    async def _load_versions(self, name: str, model_dir: Path, log_failures: bool) -> None:
         current = self._serving.get(name, {})
         try:
             written, scan = await anyio.to_thread.run_sync(self._scan_model, model_dir)
             config = written
             if config is None:
                 config = await anyio.to_thread.run_sync(self._derive, model_dir)
-        except ModelLoadError as exc:
-            self._loaded_scans[name] = (None, self._scan_files(model_dir))
-            self._fail(name, {v: str(exc) for v in current} or {"": str(exc)}, log_failures)
-            raise
+            selected = config.version_policy.select(list(scan))
+        except Exception as exc:  # any type: the config's, the disk's, the runtime's
+            reason = self._refusal(exc, f"{name}/{CONFIG_FILENAME}")
+            self._loaded_scans[name] = await anyio.to_thread.run_sync(self._scan_quietly, model_dir)
+            self._fail(name, {v: reason for v in current} or {"": reason}, log_failures)
+            raise ModelLoadError(reason) from None
         self._loaded_scans[name] = (written, scan)  # as a poll's scan will see it
+        self._refusals.pop(name, None)
         if config.unhonoured:
             logger.warning(
                 "%s/config.pbtxt: %s read but not honoured", name, ", ".join(config.unhonoured)
             )
-        selected = config.version_policy.select(list(scan))
         kept: dict[str, Served] = {}
         failures: dict[str, str] = {}
         for version in selected:
             key = str(version)
             old = current.get(key)
-            files = scan[version]
+            files = scan.get(version)
             if old is not None and old.signature == files and old.model.config == config:
                 kept[key] = old  # unchanged: keeps serving, nothing reloaded
                 continue
             try:
-                if files is None:
-                    raise ModelLoadError(f"{name}/{version}: no readable model file")
-                model = await anyio.to_thread.run_sync(
-                    load_version,
-                    model_dir,
-                    version,
-                    config,
-                    self.runtime,
-                    self.settings.warmup_runs,
-                    self.verifier,
-                )
-                kept[key] = await self._serve(model, files)
-            except ModelLoadError as exc:
-                failures[key] = str(exc)
+                kept[key] = await self._load_version(model_dir, version, config, files)
+            except Exception as exc:  # any type: this version's refusal, the others go on
+                failures[key] = self._refusal(exc, f"{name}/{version}")
                 if old is not None:
                     kept[key] = old  # a broken new file leaves the old version serving
         self._swap(name, kept)
         if failures:
             self._fail(name, failures, log_failures)
             raise ModelLoadError("; ".join(failures.values()))
+
+    async def _load_version(
+        self, model_dir: Path, version: int, config: ModelConfig, files: tuple[int, ...] | None
+    ) -> Served:
+        """One version loaded, checked, warmed and made ready to serve; on any error what it
+        had opened is closed again."""
+        if files is None:
+            raise ModelLoadError(f"{model_dir.name}/{version}: no readable model file")
+        model = await anyio.to_thread.run_sync(
+            load_version,
+            model_dir,
+            version,
+            config,
+            self.runtime,
+            self.settings.warmup_runs,
+            self.verifier,
+        )
+        try:
+            served = await self._serve(model, files)
+        except BaseException:
+            model.close()
+            raise
+        served.on_idle = self._idle
+        return served
+
+    def _refusal(self, exc: BaseException, what: str) -> str:
+        """The reason ``exc`` gives for refusing ``what`` (a model or a version), on one line,
+        with the repository's location left out: its files are named from the root. A
+        ``ModelLoadError`` already names what failed; any other exception is named with its
+        type (a ``RecursionError`` says little by its message alone)."""
+        text = first_line(exc)
+        if not isinstance(exc, ModelLoadError):
+            text = f"{what}: {type(exc).__name__}: {text}"
+        for root in self._roots:
+            text = text.replace(root + os.sep, "").replace(root, ".")
+        return text
 
     def _unload(self, name: str, reason: str = "unloaded") -> bool:
         serving = self._serving.pop(name, {})
@@ -324,14 +462,18 @@ class ModelRepository:
                 logger.info("%s/%s retired: finishing its requests", name, version)
 
     def _fail(self, name: str, failures: dict[str, str], log: bool = True) -> None:
+        """Each failure in the index (by version; "" for the model as a whole) and as one log
+        line naming the repository (the refusal itself names files from its root)."""
         states = self._states.setdefault(name, {})
         for version, reason in failures.items():
             if version in self._serving.get(name, {}):  # the old files still serve
                 states[version] = VersionState(READY, f"new files failed to load: {reason}")
             elif version:
                 states[version] = VersionState(UNAVAILABLE, reason)
+            else:
+                self._refusals[name] = reason
             if log:
-                logger.error("load failed: %s", reason)
+                logger.error("load failed: %s (model repository %s)", reason, self.root)
         self.metrics.load_failures.labels(name).inc(len(failures))
 
     def on_retire(self, listener: Callable[[Model], object]) -> None:
@@ -453,10 +595,18 @@ class ModelRepository:
 
     def _scan_model(self, model_dir: Path) -> tuple[ModelConfig | None, Scan]:
         """The model's written config (None when it has none and one may be derived) and
-        its versions' files."""
+        its versions' files; whatever the config's or the disk's error, it is raised."""
         if self._complete is not None and not (model_dir / CONFIG_FILENAME).exists():
             return None, self._scan_files(model_dir)
         return read_config(model_dir), self._scan_files(model_dir)
+
+    def _scan_quietly(self, model_dir: Path) -> tuple[ModelConfig | None, Scan]:
+        """What a poll's scan sees of a model whose config cannot be read: its versions'
+        files (none, when even they cannot be listed). Never raises."""
+        try:
+            return None, self._scan_files(model_dir)
+        except Exception:
+            return None, {}
 
     def _derive(self, model_dir: Path) -> ModelConfig:
         assert self._complete is not None
@@ -473,11 +623,13 @@ class ModelRepository:
         return scan
 
     def _scan_all(self) -> dict[str, tuple[ModelConfig | None, Scan]]:
+        """Every model's scan, each on its own: one whose config or files cannot be read is
+        seen as ``_load`` records a failed one, so the poll retries it only once it changes."""
         scans: dict[str, tuple[ModelConfig | None, Scan]] = {}
         for name in model_names(self.root):
             model_dir = self.root / name
             try:
                 scans[name] = self._scan_model(model_dir)
-            except ModelLoadError:
-                scans[name] = (None, self._scan_files(model_dir))
+            except Exception:  # any type: reported when the poll loads it
+                scans[name] = self._scan_quietly(model_dir)
         return scans

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.dataplane import DataPlane
-from service.errors import NotFoundError, NotReadyError, OverloadedError
+from service.errors import LoadFailedError, NotFoundError, OverloadedError
 from service.inference import InferenceRequest, RequestInput
 from service.repository import demand
 from service.settings import SettingsError, load_settings
@@ -124,7 +124,7 @@ async def test_what_cannot_load_is_answered(settings_factory, many: Path, tmp_pa
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not onnx")
     core = await started(settings_factory, root)
     try:
-        with pytest.raises(NotReadyError, match=r"'broken' cannot be loaded: .*cannot load it"):
+        with pytest.raises(LoadFailedError, match=r"failed to load 'broken': .*cannot load it"):
             await core.infer("broken", None, request())
         await core.infer("good", None, request())
     finally:

@@ -1,0 +1,192 @@
+"""The live repository's refusals (issue 62, items 3, 9 and 11): any error of one model's load,
+of any type, is that model's refusal with its reason, in the index and one log line; start-up,
+the poller and the other models go on; errors name what was asked, never another model or a
+path on disk; an unknown name costs the event loop no directory listing."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from service.dataplane import DataPlane
+from service.errors import LoadFailedError, NotFoundError, StartupError
+from service.inference import InferenceRequest, RequestInput
+from service.repository import manager
+from tests.helpers import DIGITS
+
+pytestmark = pytest.mark.anyio
+# What a load may raise besides the repository's own refusal: a parser's, the disk's, a
+# recursion limit's, onnxruntime's allocator's.
+FOREIGN = [ValueError("invalid literal"), OSError(5, "Input/output error"),
+           RecursionError("maximum recursion depth exceeded"), MemoryError()]  # fmt: skip
+
+
+@pytest.fixture
+def repo(tmp_path: Path, model_repository: Path) -> Path:
+    """A private copy of the test repository, free to change."""
+    root = tmp_path / "repo"
+    shutil.copytree(model_repository, root)
+    return root
+
+
+async def started(settings_factory, repo: Path, **overrides) -> DataPlane:
+    core = DataPlane(settings_factory(model_repository=repo, **overrides))
+    await core.start()
+    return core
+
+
+def request() -> InferenceRequest:
+    return InferenceRequest([RequestInput(DIGITS[:1], "input", "FP32")])
+
+
+def entries(core: DataPlane, name: str) -> list[dict[str, str]]:
+    return [e for e in core.control.index() if e["name"] == name]
+
+
+def failing(real, name: str, error: BaseException):
+    """``real`` (a loader of the repository's), raising ``error`` for model ``name``."""
+
+    def load(model_dir: Path, *args, **kwargs):
+        if Path(model_dir).name == name:
+            raise error
+        return real(model_dir, *args, **kwargs)
+
+    return load
+
+
+@pytest.mark.parametrize("error", FOREIGN, ids=lambda e: type(e).__name__)
+async def test_any_error_of_a_version_is_its_refusal(
+    settings_factory, repo: Path, monkeypatch, caplog, error: BaseException
+) -> None:
+    monkeypatch.setattr(manager, "load_version", failing(manager.load_version, "digits-mlp", error))
+    with pytest.raises(StartupError, match=f"digits-mlp/2: {type(error).__name__}") as refused:
+        await started(settings_factory, repo)  # GELU_EXIT_ON_ERROR=true: one line says why
+    assert "\n" not in str(refused.value)
+    core = await started(settings_factory, repo, exit_on_error=False, model_control_mode="explicit",
+                         load_models=["*"])  # fmt: skip
+    try:
+        assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp-tanh"]
+        assert (await core.infer("digits-mlp-tanh", None, request())).outputs["logits"].shape
+        states = {e["version"]: (e["state"], e["reason"]) for e in entries(core, "digits-mlp")}
+        assert set(states) == {"1", "2"}
+        assert all(s == "UNAVAILABLE" and type(error).__name__ in r for s, r in states.values())
+        caplog.clear()
+        with pytest.raises(LoadFailedError, match="failed to load 'digits-mlp'") as caught:
+            await core.control.load("digits-mlp")  # explicit: 400, as Triton answers it
+        assert caught.value.status_code == 400
+        assert str(repo) not in caught.value.message  # named from the root, not the disk
+        failed = [r for r in caplog.records if r.getMessage().startswith("load failed")]
+        assert len(failed) == 2 and all("\n" not in r.getMessage() for r in failed)
+        assert all(r.exc_info is None for r in failed)  # a line, no traceback
+    finally:
+        await core.stop()
+
+
+@pytest.mark.parametrize("error", FOREIGN, ids=lambda e: type(e).__name__)
+async def test_any_error_of_a_config_is_the_models_refusal(
+    settings_factory, repo: Path, monkeypatch, error: BaseException
+) -> None:
+    monkeypatch.setattr(manager, "read_config", failing(manager.read_config, "digits-mlp", error))
+    core = await started(settings_factory, repo, exit_on_error=False)
+    try:
+        assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp-tanh"]
+        (entry,) = entries(core, "digits-mlp")  # the model as a whole: no version read
+        assert entry["state"] == "UNAVAILABLE"
+        assert entry["reason"].startswith(f"digits-mlp/config.pbtxt: {type(error).__name__}")
+    finally:
+        await core.stop()
+
+
+async def test_the_poller_outlives_a_bad_config(
+    settings_factory, repo: Path, caplog, monkeypatch
+) -> None:
+    """Issue 62, item 3: a config the parser chokes on, and one whose reading raises what no
+    parser should, each stop that model alone: another model's new version still loads."""
+    core = await started(settings_factory, repo, model_control_mode="poll",
+                         repository_poll_seconds=0.05)  # fmt: skip
+
+    async def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    real = manager.read_config
+
+    def read(model_dir: Path, *args, **kwargs):
+        if model_dir.name == "digits-autoencoder":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(model_dir, *args, **kwargs)
+
+    try:
+        tanh = repo / "digits-mlp-tanh" / "config.pbtxt"
+        tanh.write_text(tanh.read_text() + 'max_batch_size: "x"\n')
+        monkeypatch.setattr(manager, "read_config", read)
+        (repo / "digits-autoencoder" / "config.pbtxt").touch()
+
+        def refused() -> bool:
+            lines = [r.getMessage() for r in caplog.records]
+            return any(x.startswith("load failed: digits-autoencoder") for x in lines)
+
+        await until(refused, "the refusal")
+        shutil.copytree(repo / "digits-mlp" / "2", repo / "digits-mlp" / "3")
+        await until(lambda: core.model_info("digits-mlp").versions == ["1", "2", "3"], "v3")
+        assert core.repository is not None and core.repository._poller is not None
+        assert not core.repository._poller.done()
+        # what served before the bad files still serves, and the index says why not the new
+        for name in ("digits-mlp-tanh", "digits-autoencoder"):
+            assert name in core.model_names()
+            reasons = [e["reason"] for e in entries(core, name)]
+            assert all(r.startswith("new files failed to load") for r in reasons), reasons
+        assert "RecursionError" in entries(core, "digits-autoencoder")[0]["reason"]
+        assert "digits-mlp-tanh/config.pbtxt" in entries(core, "digits-mlp-tanh")[0]["reason"]
+    finally:
+        await core.stop()
+
+
+async def test_a_404_names_only_what_was_asked(settings_factory, repo: Path) -> None:
+    """Issue 62, item 9: no other model's name, no path on disk, for any face or mode."""
+    for mode in ("none", "on_demand"):
+        core = await started(settings_factory, repo, model_control_mode=mode)
+        try:
+            for name in ("nope", "../digits-mlp", "digits-mlp/1", "." * 300):
+                with pytest.raises(NotFoundError) as caught:
+                    await core.infer(name, None, request())
+                message = caught.value.message
+                assert repr(name) in message, message
+                assert "digits-" not in message.replace(repr(name), ""), message
+                assert str(repo) not in message and str(repo.parent) not in message, message
+        finally:
+            await core.stop()
+
+
+async def test_an_unknown_name_is_looked_up_off_the_loop(
+    settings_factory, repo: Path, monkeypatch
+) -> None:
+    """Issue 62, item 11: one stat on a worker thread, never a listing on the event loop;
+    a name that cannot be a model's directory costs no stat at all."""
+    looked: list[tuple[str, bool]] = []
+    real = manager.ModelRepository._is_model_dir
+
+    def is_model_dir(self, name: str) -> bool:
+        looked.append((name, threading.current_thread() is threading.main_thread()))
+        return real(self, name)
+
+    monkeypatch.setattr(manager.ModelRepository, "_is_model_dir", is_model_dir)
+    core = await started(settings_factory, repo, model_control_mode="on_demand")
+    # start-up lists the repository once; a request never does
+    monkeypatch.setattr(manager, "model_names", lambda root: pytest.fail("listed the repository"))
+    try:
+        for name in ("nope", ".hidden", "a/b", "", "x" * 256, "nul\0"):
+            with pytest.raises(NotFoundError):
+                await core.infer(name, None, request())
+        assert looked == [("nope", False)]
+        assert (await core.infer("digits-mlp", None, request())).outputs["logits"].shape
+        assert {entry for entry in looked[1:]} == {("digits-mlp", False)}  # its load's too
+    finally:
+        await core.stop()
