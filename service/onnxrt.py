@@ -8,13 +8,15 @@ provider cannot load), logs each missing provider once and refuses under
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from contract.model_config import ONNX_TO_V2
@@ -111,6 +113,49 @@ class SessionFactory:
         return "; ".join([offered, *reasons])
 
 
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor a graph holds: initializers, sparse ones, and those of its nodes'
+    attributes, subgraphs included."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _attribute_tensors(graph.node)
+
+
+def _attribute_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        for attribute in node.attribute:
+            yield from (attribute.t, *attribute.tensors)
+            for sparse in (attribute.sparse_tensor, *attribute.sparse_tensors):
+                yield from (sparse.values, sparse.indices)
+            for graph in (attribute.g, *attribute.graphs):
+                yield from _tensors(graph)
+
+
+def _parsed(model: bytes, label: str) -> onnx.ModelProto:
+    try:
+        return onnx.ModelProto.FromString(model)
+    except Exception as exc:  # protobuf's DecodeError, or what its C parser raises
+        raise ModelLoadError(
+            f"{label}: onnxruntime cannot load it: not an ONNX model ({first_line(exc)})"
+        ) from None
+
+
+def refuse_external_data(model: bytes, label: str) -> None:
+    """``ModelLoadError`` for a model whose tensors live in external files. A model is one
+    file, signed and read as one: given bytes, onnxruntime would resolve an external file
+    against the working directory, outside what was verified, the path-escape class of onnx
+    CVE-2024-27318 and CVE-2026-27489 (issue 62, item 4). Export writes none."""
+    proto = _parsed(model, label)
+    functions = (f.node for f in proto.functions)
+    for tensor in itertools.chain(_tensors(proto.graph), *map(_attribute_tensors, functions)):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
+            raise ModelLoadError(
+                f"{label}: tensor {tensor.name!r} keeps its data in an external file; only "
+                "single-file models load"
+            )
+
+
 def resident_bytes() -> int:
     """The process's resident memory now (Linux), or 0 where it cannot be read."""
     try:
@@ -129,6 +174,17 @@ def _specs(arguments: list[ort.NodeArg]) -> list[TensorSpec]:
         )
         for a in arguments
     ]
+
+
+def _declared_spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    """A graph input or output as onnxruntime's ``get_inputs`` would describe it."""
+    kind = value.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return TensorSpec(value.name, str(kind), ())
+    tensor = value.type.tensor_type
+    name = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+    return TensorSpec(value.name, ONNX_TO_V2.get(f"tensor({name})", name), dims)
 
 
 class OrtSession:
@@ -165,16 +221,24 @@ class OnnxRuntime:
         self.sessions = sessions
         self.binding = binding
 
-    def open(self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE) -> OrtSession:
+    def declared(self, model: bytes, label: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """The model file's graph inputs (its initializers aside) and outputs, read from the
+        protobuf: nothing of it runs, and onnxruntime never sees bytes not yet verified."""
+        graph = _parsed(model, label).graph
+        weights = {tensor.name for tensor in graph.initializer}
+        inputs = [_declared_spec(v) for v in graph.input if v.name not in weights]
+        return inputs, [_declared_spec(v) for v in graph.output]
+
+    def open(self, model: bytes, label: str, placement: Placement = ONE_INSTANCE) -> OrtSession:
+        refuse_external_data(model, label)
         before = resident_bytes()
         graphs = placement.cuda_graphs
         cuda = {"enable_cuda_graph": "1"} if graphs else None
-        session, in_use = self.sessions.create(str(model_file), label, cuda)
+        session, in_use = self.sessions.create(model, label, cuda)
         opened = OrtSession(session, in_use, 0)
         if in_use[0] == CUDA and (self.binding or graphs or placement.instances > 1):
             sessions = [session] + [
-                self.sessions.create(str(model_file), label, cuda)[0]
-                for _ in range(placement.instances - 1)
+                self.sessions.create(model, label, cuda)[0] for _ in range(placement.instances - 1)
             ]
             device = ("cuda", int(opened.provider_options[CUDA].get("device_id", "0")))
             specs = (opened.inputs, opened.outputs)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -83,8 +82,15 @@ ONE_INSTANCE = Placement()  # what a config without instance_group or graphs ask
 class Runtime(Protocol):
     """What opens model files as sessions."""
 
-    def open(self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE) -> Session:
-        """``model_file`` opened; ``ModelLoadError`` (naming ``label``) if it cannot be."""
+    def open(self, model: bytes, label: str, placement: Placement = ONE_INSTANCE) -> Session:
+        """A model file's bytes, as read (and verified) once by the repository, opened;
+        ``ModelLoadError`` (naming ``label``) if they cannot be. Never a path: what is
+        checked is what loads (issue 62, item 4)."""
+
+    def declared(self, model: bytes, label: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """The inputs and outputs a model file's bytes declare, as an opened session would
+        list them, read without opening it: what a config is derived from, before any
+        signature is checked. ``ModelLoadError`` if they cannot be read."""
 
 
 def median_us(run: Callable[[], object], runs: int = 5) -> float:
@@ -171,13 +177,14 @@ class Model:
         for batch in (1, 8, 1, 8)[:runs]:
             self.infer(self.example_feed(batch))
 
-    def run_warmups(self, folder: Path) -> list[str]:
-        """config.pbtxt's ``model_warmup`` samples, each run ``count`` times (files read from
-        ``folder``, the model's ``warmup/``); what ran, for the log. ``ModelLoadError`` for a
-        sample that does not fit the model."""
+    def run_warmups(self, files: Mapping[str, bytes]) -> list[str]:
+        """config.pbtxt's ``model_warmup`` samples, each run ``count`` times; ``files``: the
+        bytes of each ``input_data_file`` by its name there, read (and verified) with the
+        model's files from its ``warmup/`` folder. What ran, for the log; ``ModelLoadError``
+        for a sample that does not fit the model."""
         label, ran = f"{self.name}/{self.version}", []
         for warmup in self.config.warmups:
-            feed = {i.name: self._warmup_array(i, warmup, folder, label) for i in warmup.inputs}
+            feed = {i.name: self._warmup_array(i, warmup, files, label) for i in warmup.inputs}
             if set(feed) != set(self.input_configs):
                 raise ModelLoadError(
                     f"{label}: model_warmup {warmup.name!r} gives inputs {sorted(feed)}; the "
@@ -189,7 +196,9 @@ class Model:
             ran.append(f"{warmup.name!r} ({warmup.count} x batch {warmup.batch_size})")
         return ran
 
-    def _warmup_array(self, given: WarmupInput, warmup: Warmup, folder: Path, label: str) -> Any:
+    def _warmup_array(
+        self, given: WarmupInput, warmup: Warmup, files: Mapping[str, bytes], label: str
+    ) -> Any:
         config = self.input_configs.get(given.name)
         if config is None or (config.datatype, config.dims) != (given.datatype, given.dims):
             raise ModelLoadError(
@@ -203,15 +212,18 @@ class Model:
         if given.source == "random":
             values = np.random.default_rng(0).random(shape)
             return values.astype(dtype)
-        path = folder / given.file
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ModelLoadError(f"{label}: model_warmup file {path}: {exc.strerror}") from None
+        raw = files.get(given.file)
+        if raw is None:
+            raise ModelLoadError(f"{label}: model_warmup file {given.file!r} was not read")
+        if len(raw) % dtype.itemsize:
+            raise ModelLoadError(
+                f"{label}: model_warmup file {given.file!r} is not a whole number of "
+                f"{config.datatype} values ({len(raw)} bytes)"
+            )
         one = np.frombuffer(raw, dtype)
         if one.size != int(np.prod(given.dims)):
             raise ModelLoadError(
-                f"{label}: model_warmup file {path} holds {one.size} values; dims "
+                f"{label}: model_warmup file {given.file!r} holds {one.size} values; dims "
                 f"{list(given.dims)} need {int(np.prod(given.dims))}"
             )
         # As Triton: the file is one sample, repeated for each of the batch's.

@@ -1,42 +1,46 @@
 """Model versions verified before they load: OpenSSF model signing (``model-signing``).
 
-A version directory may carry ``model.sig``, a signature over that directory (every file but
-the signature itself) in OpenSSF model signing's format, as
-``model_signing sign key <model>/<version> --private_key KEY --signature
-<model>/<version>/model.sig`` or ``gelu-serve export --sign-key KEY`` writes it
-(``contract.signing``). With
-``GELU_MODEL_VERIFY_KEY`` (a PEM public key) every version must carry one that verifies under
-that key, or it is not loaded: at start-up, on a load and when polling. A version's result is
-kept while none of its files changes (size and modification time), so polling hashes nothing
-that has not changed.
+A version directory may carry ``model.sig``, a signature over the version's view of its model
+directory: ``config.pbtxt``, ``warmup/`` and the version's own files (``contract.signing``
+names them; ``gelu-serve export --sign-key`` writes it). With ``GELU_MODEL_VERIFY_KEY`` (a PEM
+public key) every version must carry one that verifies under that key, or it is not loaded: at
+start-up, on a load and when polling.
+
+What is verified is what loads (issue 62, item 4): the repository reads each file once into
+memory (``service.repository.layout``), this module verifies the signature over exactly those
+bytes, and those bytes, never the path again, go to onnxruntime and the warm-up. model-signing's
+public API verifies files on disk, so the bytes are written to a private scratch directory and
+verified there; nothing is remembered between loads (a verdict kept by size and modification
+time served weights replaced after it was given).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from contract.signing import SIGNATURE_FILENAME
+from contract.signing import SIGNATURE_FILENAME, materialize
 from service.errors import ModelLoadError, StartupError
+
+if TYPE_CHECKING:
+    from model_signing import verifying
 
 logger = logging.getLogger("gelu_serve")
 
-Stamps = tuple[tuple[str, int, int], ...]
-
-
-def _stamps(version_dir: Path) -> Stamps:
-    """Every file of the version: relative path, size, modification time."""
-    stamps = []
-    for path in sorted(version_dir.rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            stamps.append((str(path.relative_to(version_dir)), stat.st_size, stat.st_mtime_ns))
-    return tuple(stamps)
+# model-signing's mismatch report quotes each file; its digests' bytes are of no use in a log.
+_MISMATCHES = (
+    (re.compile(r"Hash mismatch for '([^']+)'"), "{} changed since it was signed"),
+    (re.compile(r"Extra files found in model '[^']*': ([^'\"\]]+)"), "{} not signed"),
+    (re.compile(r"Missing files in model '[^']*': ([^'\"\]]+)"), "{} signed but absent"),
+)
 
 
 class Verifier:
-    """Checks versions against one public key; remembers each version's last result."""
+    """Checks versions' files, as read into memory, against one public key."""
 
     def __init__(self, public_key: Path) -> None:
         try:
@@ -46,35 +50,47 @@ class Verifier:
                 "GELU_MODEL_VERIFY_KEY is set but model-signing is not installed: install the "
                 "project's [signing] extra"
             ) from None
-        self._config = verifying.Config().use_elliptic_key_verifier(public_key=public_key)
+        self._verifying = verifying
         self.public_key = public_key
-        self._results: dict[Path, tuple[Stamps, str | None]] = {}  # by version directory
+        self._config()  # an unreadable key fails at start-up, not at each load
 
-    def check(self, version_dir: Path, label: str) -> None:
-        """Pass, or ``ModelLoadError`` saying why ``version_dir`` may not load."""
-        if not (version_dir / SIGNATURE_FILENAME).is_file():
+    def _config(self) -> verifying.Config:
+        # A fresh one per check: a Config keeps the hashing settings (ignored paths included)
+        # of the first signature it verified.
+        return self._verifying.Config().use_elliptic_key_verifier(public_key=self.public_key)
+
+    def check(self, files: Mapping[str, bytes], signature: bytes | None, label: str) -> None:
+        """Pass, or ``ModelLoadError`` saying why the version whose view is ``files`` (bytes by
+        name relative to the model directory, ``contract.signing``) and whose ``model.sig``
+        holds ``signature`` may not load."""
+        if signature is None:
             raise ModelLoadError(
                 f"{label}: unsigned (no {SIGNATURE_FILENAME}), and GELU_MODEL_VERIFY_KEY "
                 "requires a signature"
             )
-        stamps = _stamps(version_dir)
-        known = self._results.get(version_dir)
-        if known is not None and known[0] == stamps:
-            reason = known[1]
-        else:
-            reason = self._verify(version_dir)
-            self._results[version_dir] = (stamps, reason)
+        reason = self._verify(files, signature)
         if reason is not None:
             raise ModelLoadError(f"{label}: its signature does not verify: {reason}")
+        logger.info("%s: signature verified with %s", label, self.public_key)
 
-    def _verify(self, version_dir: Path) -> str | None:
-        try:
-            self._config.verify(version_dir, version_dir / SIGNATURE_FILENAME)
-        except Exception as exc:  # model-signing raises ValueError and its verifiers' own
-            text = str(exc).strip() or type(exc).__name__
-            changed = re.findall(r"Hash mismatch for '([^']+)'", text)
-            if changed:  # its message quotes both digests' bytes: name the files instead
-                return f"{', '.join(changed)} changed since it was signed"
-            return text.splitlines()[0][:300]
-        logger.info("%s: signature verified with %s", version_dir, self.public_key)
+    def _verify(self, files: Mapping[str, bytes], signature: bytes) -> str | None:
+        with tempfile.TemporaryDirectory(prefix="gelu-verify-") as scratch:
+            view, signed = Path(scratch) / "model", Path(scratch) / SIGNATURE_FILENAME
+            materialize(files, view)
+            signed.write_bytes(signature)
+            try:
+                self._config().verify(view, signed)
+            except Exception as exc:  # model-signing raises ValueError and its verifiers' own
+                return _reason(exc)
         return None
+
+
+def _reason(exc: Exception) -> str:
+    """model-signing's refusal in one line, naming files rather than quoting digests."""
+    text = str(exc).strip() or type(exc).__name__
+    found = [
+        template.format(", ".join(m.strip(" ,") for m in pattern.findall(text)))
+        for pattern, template in _MISMATCHES
+        if pattern.search(text)
+    ]
+    return "; ".join(found) if found else text.splitlines()[0][:300]

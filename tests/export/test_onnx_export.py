@@ -161,6 +161,7 @@ def test_export_signs_what_it_writes(tmp_path: Path, checkpoints: dict[str, Path
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    from service.repository.layout import read_version
     from service.signing import Verifier
 
     key = ec.generate_private_key(ec.SECP256R1())
@@ -172,4 +173,6 @@ def test_export_signs_what_it_writes(tmp_path: Path, checkpoints: dict[str, Path
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
     path = export_checkpoint(checkpoints["mlp"], tmp_path / "repo", "m", sign_key=private)
     assert (path.parent / "model.sig").is_file()
-    Verifier(public).check(path.parent, "m/1")  # passes: the signature covers model.onnx
+    read = read_version(path.parent.parent, 1, None, whole=True)
+    assert sorted(read.files) == ["1/model.onnx", "config.pbtxt"]  # what the signature covers
+    Verifier(public).check(read.files, read.signature, "m/1")  # passes

@@ -4,6 +4,7 @@ serving, swaps and unloads that lose no request, and polling."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from service.control import CONTROL_FORBIDDEN, ControlForbiddenError
 from service.dataplane import DataPlane
-from service.errors import BadInputError, NotFoundError, StartupError
+from service.errors import BadInputError, ModelLoadError, NotFoundError, StartupError
 from service.inference import InferenceRequest, RequestInput
 from service.runtime import Model
 from tests.helpers import DIGITS
@@ -336,6 +337,8 @@ async def test_model_warmup_runs_before_ready(settings_factory, repo: Path, capl
 async def test_a_warmup_that_does_not_fit_refuses_the_version(settings_factory, repo: Path) -> None:
     config = repo / "digits-mlp" / "config.pbtxt"
     config.write_text(config.read_text() + WARMUP.replace('key: "input"', 'key: "pixels"', 1))
+    (repo / "digits-mlp" / "warmup").mkdir()
+    (repo / "digits-mlp" / "warmup" / "zero").write_bytes(DIGITS[0].astype("<f4").tobytes())
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
         (entry,) = [e for e in core.control.index() if e.get("version") == "2"
@@ -343,3 +346,59 @@ async def test_a_warmup_that_does_not_fit_refuses_the_version(settings_factory, 
         assert entry["state"] == "UNAVAILABLE" and "input 'pixels' is not one of" in entry["reason"]
     finally:
         await core.stop()
+
+
+@pytest.mark.parametrize(
+    ("data_file", "why"),
+    [
+        ("/dev/zero", "must name a file under warmup/"),
+        ("../config.pbtxt", "must name a file under warmup/"),
+        ("/etc/hostname", "must name a file under warmup/"),
+        ("out", "warmup/out: a symbolic link"),
+        ("fifo", "warmup/fifo: not a regular file"),
+        ("big", "warmup/big: larger than"),
+        ("inner/out", "warmup/inner: a symbolic link"),
+        ("missing", "warmup/missing: no such file"),
+    ],
+)
+def test_warmup_files_are_confined_to_the_warmup_folder(
+    repo: Path, data_file: str, why: str, monkeypatch
+) -> None:
+    """Issue 62, item 4: a model_warmup input_data_file is a regular file under the model's
+    warmup/, reached without a symbolic link and within a size bound; anything else (a device,
+    a path that climbs out, an absolute one, a link out, a FIFO, a huge file) is refused with
+    the reason before anything is read."""
+    import os
+
+    from service.repository import layout
+
+    model_dir = repo / "digits-mlp"
+    warmup = model_dir / "warmup"
+    warmup.mkdir()
+    made = {
+        "out": lambda: (warmup / "out").symlink_to("/dev/zero"),
+        "inner/out": lambda: (warmup / "inner").symlink_to(model_dir / "2"),
+        "fifo": lambda: os.mkfifo(warmup / "fifo"),
+        "big": lambda: (warmup / "big").write_bytes(b"\0" * 4096),
+    }
+    made.get(data_file, lambda: None)()
+    monkeypatch.setattr(layout, "MAX_WARMUP_FILE_BYTES", 1024)
+    config = model_dir / "config.pbtxt"
+    config.write_text(config.read_text() + WARMUP.replace('"zero"', f'"{data_file}"'))
+    for whole in (False, True):
+        with pytest.raises(ModelLoadError, match=f"digits-mlp/2: .*{re.escape(why)}"):
+            layout.read_version(model_dir, 2, layout.read_config(model_dir), whole)
+
+
+def test_a_version_reads_each_file_once_and_no_link(repo: Path) -> None:
+    """The files a version loads are read once into memory; a model file that is a symbolic
+    link is refused, so what was read is what is below the model directory."""
+    from service.repository.layout import read_version
+
+    model_dir = repo / "digits-mlp"
+    read = read_version(model_dir, 2, None, whole=False)
+    assert read.files == {"2/model.onnx": (model_dir / "2" / "model.onnx").read_bytes()}
+    (model_dir / "3").mkdir()
+    (model_dir / "3" / "model.onnx").symlink_to(model_dir / "2" / "model.onnx")
+    with pytest.raises(ModelLoadError, match=r"digits-mlp/3: 3/model\.onnx: a symbolic link"):
+        read_version(model_dir, 3, None, whole=False)

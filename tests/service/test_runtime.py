@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from service.errors import StartupError
+from service.errors import ModelLoadError, StartupError
 from service.rest.app import create_app
-from service.runtime import ONE_INSTANCE, Placement
+from service.runtime import ONE_INSTANCE, Placement, TensorSpec
 from service.settings import Settings
 from tests.helpers import DIGITS, load_model
 
@@ -160,11 +160,13 @@ class _NumpyRuntime:
     def __init__(self) -> None:
         self.opened: dict[str, _NumpySession] = {}
 
-    def open(
-        self, model_file: Path, label: str, placement: Placement = ONE_INSTANCE
-    ) -> _NumpySession:
+    def open(self, model: bytes, label: str, placement: Placement = ONE_INSTANCE) -> _NumpySession:
         session = self.opened[label] = _NumpySession(64, 10)
         return session
+
+    def declared(self, model: bytes, label: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        session = _NumpySession(64, 10)
+        return session.inputs, session.outputs
 
 
 def test_a_second_runtime_serves_behind_the_interface(model_repository: Path) -> None:
@@ -185,9 +187,9 @@ def test_a_second_runtime_serves_behind_the_interface(model_repository: Path) ->
     real_open = runtime.open
 
     def open_with_metadata(
-        model_file: Path, label: str, placement: Placement = ONE_INSTANCE
+        model: bytes, label: str, placement: Placement = ONE_INSTANCE
     ) -> _NumpySession:
-        session = real_open(model_file, label, placement)
+        session = real_open(model, label, placement)
         session.metadata_props = props
         return session
 
@@ -221,7 +223,8 @@ def test_onnxruntime_sessions_report_their_tensors_and_memory(model_repository: 
     from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 
     runtime = OnnxRuntime(SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False))
-    session = runtime.open(model_repository / "digits-mlp" / "1" / "model.onnx", "digits-mlp/1")
+    model = (model_repository / "digits-mlp" / "1" / "model.onnx").read_bytes()
+    session = runtime.open(model, "digits-mlp/1")
     assert [(t.name, t.datatype, t.dims) for t in session.inputs] == [("input", "FP32", (-1, 64))]
     assert [t.name for t in session.outputs] == ["logits", "probabilities"]
     assert session.providers == ["CPUExecutionProvider"] and session.memory_bytes >= 0
@@ -229,3 +232,25 @@ def test_onnxruntime_sessions_report_their_tensors_and_memory(model_repository: 
     (probabilities,) = session.run(["probabilities"], {"input": DIGITS[:2]})
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
     session.close()
+
+
+@pytest.mark.parametrize("location", ["weights.bin", "../../etc/hostname", "/dev/zero"])
+def test_a_model_with_external_data_is_refused(location: str, tmp_path: Path) -> None:
+    """onnx CVE-2024-27318 / CVE-2026-27489 (issue 62, item 4): a tensor whose data lives in
+    an external file is refused before onnxruntime sees the bytes; given bytes, onnxruntime
+    would read a relative location from the working directory, outside what was verified."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from service.onnxrt import OnnxRuntime, SessionFactory, session_options
+
+    weight = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value=location)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    runtime = OnnxRuntime(SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False))
+    with pytest.raises(ModelLoadError, match="tensor 'w' keeps its data in an external file"):
+        runtime.open(model.SerializeToString(), "m/1")

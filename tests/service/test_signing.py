@@ -5,6 +5,7 @@ another key is refused with the reason, and what was serving keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from contract.signing import SIGNATURE_FILENAME, sign
 from service.dataplane import DataPlane
 from service.errors import BadInputError, ModelLoadError
 from service.inference import InferenceRequest, RequestInput
+from service.onnxrt import OnnxRuntime, SessionFactory, session_options
 from tests.helpers import DIGITS
 
 pytest.importorskip("model_signing")  # the [signing] extra
@@ -162,26 +164,94 @@ async def test_explicit_load_of_an_altered_version_is_refused(
         await core.stop()
 
 
-def test_a_checked_version_is_not_hashed_again(
-    signed: tuple[Path, Path, Path], monkeypatch
-) -> None:
+def _same_stamp(path: Path, data: bytes) -> None:
+    """Replace ``path``'s bytes with ``data`` of the same size, its modification time kept."""
+    before = path.stat()
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_every_load_verifies_the_bytes_it_loads(signed: tuple[Path, Path, Path]) -> None:
+    """Issue 62, item 4: a version verified once, then replaced by a file of the same size and
+    modification time, is refused at its next load; nothing is remembered by stat."""
+    from service.repository.layout import load_version, read_config
     from service.signing import Verifier
 
     root, _, public = signed
-    verifier = Verifier(public)
-    calls: list[Path] = []
-    verify = verifier._verify
+    verifier, model_dir = Verifier(public), root / "digits-mlp"
+    runtime = OnnxRuntime(SessionFactory(["CPUExecutionProvider"], session_options(1, 1), False))
+    load_version(model_dir, 2, read_config(model_dir), runtime, 0, verifier).close()
+    model = model_dir / "2" / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    _same_stamp(model, bytes(data))
+    with pytest.raises(ModelLoadError, match=r"2/model\.onnx changed since it was signed"):
+        load_version(model_dir, 2, read_config(model_dir), runtime, 0, verifier)
 
-    def counted(version_dir: Path) -> str | None:
-        calls.append(version_dir)
-        return verify(version_dir)
 
-    monkeypatch.setattr(verifier, "_verify", counted)
+def test_the_signature_covers_config_and_warmup_files(signed: tuple[Path, Path, Path]) -> None:
+    """config.pbtxt and the warm-up folder are part of what each version's signature covers:
+    changed, added or removed after signing, the version is refused, naming the file."""
+    from service.repository.layout import read_version
+    from service.signing import Verifier
+
+    root, private, public = signed
+    model_dir, verifier = root / "digits-mlp", Verifier(public)
+    (model_dir / "warmup").mkdir()
+    (model_dir / "warmup" / "digit").write_bytes(DIGITS[0].tobytes())
+    sign(model_dir / "2", private)
+
+    def check() -> None:
+        read = read_version(model_dir, 2, None, whole=True)
+        verifier.check(read.files, read.signature, "digits-mlp/2")
+
+    check()  # as signed
+    config = model_dir / "config.pbtxt"
+    _same_stamp(config, config.read_bytes().replace(b"max_batch_size: 256", b"max_batch_size: 512"))
+    with pytest.raises(ModelLoadError, match=r"config\.pbtxt changed since it was signed"):
+        check()
+    sign(model_dir / "2", private)
+    (model_dir / "warmup" / "digit").write_bytes(DIGITS[1].tobytes())
+    with pytest.raises(ModelLoadError, match="warmup/digit changed since it was signed"):
+        check()
+    (model_dir / "warmup" / "more").write_bytes(b"\0" * 4)
+    with pytest.raises(ModelLoadError, match="warmup/more not signed"):
+        check()
+
+
+def test_a_signature_of_the_version_directory_alone_is_refused(
+    signed: tuple[Path, Path, Path],
+) -> None:
+    """A signature made as before issue 62 (over ``<model>/<version>`` only) leaves
+    config.pbtxt unsigned: refused, saying so."""
+    from model_signing import hashing, signing
+
+    from service.repository.layout import read_version
+    from service.signing import Verifier
+
+    root, private, public = signed
     version = root / "digits-mlp" / "2"
-    for _ in range(3):
-        verifier.check(version, "digits-mlp/2")
-    assert len(calls) == 1  # unchanged files: the first result
-    _flip_a_byte(version / "model.onnx")
-    with pytest.raises(ModelLoadError):
-        verifier.check(version, "digits-mlp/2")
-    assert len(calls) == 2
+    hashed = hashing.Config().set_ignored_paths(paths=[version / SIGNATURE_FILENAME])
+    config = (
+        signing.Config().set_hashing_config(hashed).use_elliptic_key_signer(private_key=private)
+    )
+    config.sign(version, version / SIGNATURE_FILENAME)
+    read = read_version(version.parent, 2, None, whole=True)
+    with pytest.raises(ModelLoadError, match=r"config\.pbtxt.*not signed"):
+        Verifier(public).check(read.files, read.signature, "digits-mlp/2")
+
+
+def test_what_is_verified_is_what_was_read(signed: tuple[Path, Path, Path]) -> None:
+    """The verifier judges the bytes it is given, whatever the disk holds by then."""
+    from service.repository.layout import read_version
+    from service.signing import Verifier
+
+    root, _, public = signed
+    read = read_version(root / "digits-mlp", 2, None, whole=True)
+    verifier = Verifier(public)
+    verifier.check(read.files, read.signature, "digits-mlp/2")
+    model = read.files["2/model.onnx"]
+    read.files["2/model.onnx"] = model[:-1] + bytes([model[-1] ^ 1])
+    with pytest.raises(ModelLoadError, match=r"2/model\.onnx changed since it was signed"):
+        verifier.check(read.files, read.signature, "digits-mlp/2")
