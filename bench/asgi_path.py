@@ -51,7 +51,7 @@ async def main(
     from service.rest.app import create_app
     from service.settings import Settings
 
-    config = load_model_config((Path(repository) / model / "config.pbtxt").read_text())
+    config = load_model_config((Path(repository) / model / "config.pbtxt").read_bytes())
     width = math.prod(config.inputs[0].dims)
     settings = Settings(model_repository=repository, grpc_port=0, log_level="warning")
     app = create_app(settings)

@@ -245,7 +245,7 @@ class Run:
         ]
         if self.args.peers:
             model_file = self.repository / SMALL / "1" / "model.onnx"
-            config = load_model_config((self.repository / SMALL / "config.pbtxt").read_text())
+            config = load_model_config((self.repository / SMALL / "config.pbtxt").read_bytes())
             others = stack.enter_context(peers(model_file, config.max_batch_size, cpus))
             bento_request = Request("/predict", small["v1"].body, small["v1"].headers)
             compared = [

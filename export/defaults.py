@@ -103,7 +103,7 @@ def default_ensemble(repository: Path) -> ModelConfig:
     the autoencoder's, its outputs the reconstruction and the classifier's outputs of it."""
 
     def config(name: str) -> ModelConfig:
-        return load_model_config((repository / name / CONFIG_FILENAME).read_text(), name)
+        return load_model_config((repository / name / CONFIG_FILENAME).read_bytes(), name)
 
     autoencoder, classifier = config("digits-autoencoder"), config("digits-mlp")
     (image,), (reconstruction,) = autoencoder.inputs, autoencoder.outputs
