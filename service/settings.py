@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -17,6 +17,8 @@ PROVIDER_NAMES = {
 }
 MIB = 1 << 20
 ENV_PREFIX = "GELU_"
+# The fewest characters a credential (GELU_CONTROL_TOKEN, a key of GELU_RESTRICTED_API) may have.
+MIN_KEY_CHARS = 16
 
 
 class SettingsError(ValueError):
@@ -112,6 +114,14 @@ class Settings(BaseSettings):
         description="Address the gRPC face binds; unset: the HTTP face's (`gelu-serve serve "
         "--host`), else 127.0.0.1.",
     )
+    grpc_max_streams_per_connection: int = Field(
+        16,
+        gt=0,
+        description="Streaming gRPC calls (ModelStreamInfer, reflection, health's Watch) one "
+        "connection may hold open at once; one more is refused (RESOURCE_EXHAUSTED). All "
+        "connections' streams together are held to GELU_MAX_CONNECTIONS, apart from unary "
+        "calls, so streams never take the calls other clients' unary ones need.",
+    )
     tls_cert_file: Path | None = Field(
         None,
         description="PEM certificate (chain) both faces serve TLS with; unset: plaintext. "
@@ -175,7 +185,8 @@ class Settings(BaseSettings):
         gt=0,
         description="Open connections per server process and face; one more gets 503 with "
         "Retry-After and is closed (gRPC: closed before its handshake). gRPC's calls in flight "
-        "are bounded alike (RESOURCE_EXHAUSTED beyond).",
+        "are bounded alike: as many unary calls, and as many streams again "
+        "(RESOURCE_EXHAUSTED beyond).",
     )
     keep_alive_seconds: float = Field(
         5.0,
@@ -289,7 +300,7 @@ class Settings(BaseSettings):
         description="When set, the repository, trace and logging APIs need the header "
         "'Authorization: Bearer <token>' (401 without it), unless GELU_RESTRICTED_API "
         "restricts them otherwise; unset, any client that reaches the port may load and "
-        "unload models.",
+        "unload models. At least 16 characters, or the service does not start.",
     )
     restricted_api: SecretStr | None = Field(
         None,
@@ -297,7 +308,8 @@ class Settings(BaseSettings):
         "--http-restricted-api, on both faces: ';'-separated groups "
         "'<class>[,<class>]:<header>=<key>[|<key>]', a key being file:PATH (a key per line), "
         "env:NAME or itself. Classes: inference, metadata, health, metrics, model-repository, "
-        "statistics, trace, logging. 401 without a key, 403 with another class's.",
+        "statistics, trace, logging. 401 without a key, 403 with another class's. Each key "
+        "at least 16 characters, or the service does not start.",
     )
     strict_model_config: bool = Field(
         False,
@@ -379,10 +391,6 @@ class Settings(BaseSettings):
             )
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("GELU_TLS_CLIENT_CA_FILE needs GELU_TLS_CERT_FILE and _KEY_FILE")
-        if self.restricted_api is not None:
-            from service.auth import parse  # the keys are read here: a bad source stops start-up
-
-            parse(self.restricted_api.get_secret_value())
         files = ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_probe_cert_file",
                  "model_verify_key")  # fmt: skip
         for name in files:
@@ -390,6 +398,33 @@ class Settings(BaseSettings):
             if path is not None and not path.is_file():
                 raise ValueError(f"{self.variable(name)}={path}: no such file")
         return self
+
+    @field_validator("control_token")
+    @classmethod
+    def _long_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < MIN_KEY_CHARS:
+            raise ValueError(
+                f"the token must be at least {MIN_KEY_CHARS} characters (it is "
+                f"{len(value.get_secret_value().strip())}); a short one is guessed"
+            )
+        return value
+
+    @field_validator("restricted_api")
+    @classmethod
+    def _long_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        from service.auth import parse  # the keys are read here: a bad source stops start-up
+
+        for group in parse(value.get_secret_value()):
+            lengths = [len(key.decode("utf-8", "replace").strip()) for key in group.keys]
+            short = [length for length in lengths if length < MIN_KEY_CHARS]
+            if short:
+                raise ValueError(
+                    f"a key of {', '.join(sorted(group.classes))} has {min(short)} characters; "
+                    f"each must have at least {MIN_KEY_CHARS} (a short one is guessed)"
+                )
+        return value
 
     @field_validator("providers", mode="before")
     @classmethod
@@ -466,6 +501,12 @@ def reference() -> str:
     return "\n".join(rows) + "\n" + REFERENCE_BLOCK[1]
 
 
+# The settings that hold credentials (their values never appear in a message).
+SECRETS = frozenset(
+    name for name, field in Settings.model_fields.items() if SecretStr in get_args(field.annotation)
+)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment; ``SettingsError`` names each variable at fault."""
     try:
@@ -475,8 +516,11 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
             name = Settings.variable(field) if field in Settings.model_fields else field
-            value = os.environ.get(name, error.get("input"))
             message = error["msg"].removeprefix("Value error, ")
+            if field in SECRETS:  # a credential is never shown, not even a wrong one
+                problems.append(f"{name}: {message}")
+                continue
+            value = os.environ.get(name, error.get("input"))
             # A check of several settings together names its variables in its message.
             problems.append(f"{name}={value}: {message}" if field else message)
         raise SettingsError("; ".join(problems)) from None

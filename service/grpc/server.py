@@ -9,28 +9,39 @@ statistics and metrics (Triton's ModelStreamInfer takes many requests on one cal
 answered as ModelInfer would answer it); a ``ServiceError`` becomes one gRPC status
 (``STATUS_CODES``) with its message. The HTTP face's connection limits hold here too, in
 grpcio's terms (``GrpcServer``, ``ReadWithin``).
+
+Every method of every service is served inside one ``Envelope``: request id, the credentials
+of the method's route class, the message-size bound, the share of streams, metrics, the access
+log and the trace's end. The envelope is in the methods themselves (``InferenceServicer``'s are
+built through it; health's and reflection's are wrapped by ``enveloped``), not in an
+interceptor: Ray Serve's gRPC proxy calls the servicer's methods directly
+(``deploy/ray/serve_app.py``) and gets the same envelope as grpcio's server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from service.auth import GRPC as GRPC_CLASSES
-from service.auth import Restrictions
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
     NotFoundError,
     NotReadyError,
+    PayloadTooLargeError,
     ServiceError,
     StartupError,
 )
@@ -50,8 +61,14 @@ from service.tls import TlsFiles
 from service.tracing import RequestTrace
 
 logger = logging.getLogger("gelu_serve")
-SERVICE = "inference.GRPCInferenceService"
-SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVICE_DESCRIPTOR = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+SERVICE = SERVICE_DESCRIPTOR.full_name
+HEALTH_DESCRIPTOR = health_pb2.DESCRIPTOR.services_by_name["Health"]
+REFLECTION_DESCRIPTOR = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+# Each method's route class (``service.auth``), by the name of the method a handler was built
+# for, never by a path a client sent: a method named nowhere cannot be built (fail closed).
+# Reflection describes the services, as HTTP's API documentation does: metadata.
+ROUTE_CLASSES = {**GRPC_CLASSES, "ServerReflectionInfo": "metadata"}
 # The one mapping from the core's errors (their HTTP status) to gRPC status codes.
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -60,8 +77,10 @@ STATUS_CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+HTTP_STATUSES = {code: status for status, code in reversed(STATUS_CODES.items())}
 
 
 def grpc_code(status: int) -> grpc.StatusCode:
@@ -81,8 +100,18 @@ MAX_DETAILS_CHARS = 512
 # batch for the small models' batchers on the loop, few enough that a stream holds about what a
 # connection does (and no more than GELU_MAX_BODY_BYTES of requests, ``Window``).
 STREAM_WINDOW = 64
+# HTTP/2 streams (calls of any kind) one connection may have open: the least RFC 9113 advises
+# (SETTINGS_MAX_CONCURRENT_STREAMS); a client past it waits for one of its calls to end, so one
+# connection never holds more of the server's calls in flight than this.
+HTTP2_STREAMS_PER_CONNECTION = 100
 Reply = TypeVar("Reply")
 Started = asyncio.Queue[tuple[asyncio.Task[Any], int, str] | None]  # a stream's, in order
+
+
+class TooManyStreamsError(ServiceError):
+    """A streaming call beyond its connection's or the server's share of streams."""
+
+    status_code = 429  # Too Many Requests; gRPC's RESOURCE_EXHAUSTED
 
 
 class Failure(NamedTuple):
@@ -90,6 +119,296 @@ class Failure(NamedTuple):
 
     code: grpc.StatusCode
     message: str
+
+
+@dataclass
+class Call:
+    """One call inside the envelope: its service and method, the gRPC context (grpcio's, or
+    Ray's), its metadata (text values, lower-case names) and its trace, once begun."""
+
+    service: str
+    method: str
+    context: Any
+    metadata: dict[str, str]
+    trace: RequestTrace | None = None
+
+
+Behavior = Callable[[Any, Call], Any]  # a method's own work: (request(s), call) -> its answer
+
+
+class Streams:
+    """Streaming calls in flight (ModelStreamInfer, reflection, health's Watch): at most
+    ``per_connection`` on one connection (its peer address) and ``total`` in all. grpcio's
+    ``maximum_concurrent_rpcs`` counts unary calls and streams alike; with streams held to their
+    own share, a client holding streams cannot use up the calls that others' unary ones need."""
+
+    def __init__(self, per_connection: int, total: int) -> None:
+        self.per_connection, self.total = per_connection, total
+        self.held = 0
+        self._by_peer: dict[str, int] = {}
+
+    def take(self, peer: str | None) -> None:
+        """Hold a stream of ``peer`` (None: a caller without one, counted in the total only),
+        or raise ``TooManyStreamsError``."""
+        if self.held >= self.total:
+            raise TooManyStreamsError(
+                f"{self.total} streams are open on this server, as many as it takes "
+                "(GELU_MAX_CONNECTIONS); try again when one ends"
+            )
+        if peer is not None:
+            held = self._by_peer.get(peer, 0)
+            if held >= self.per_connection:
+                raise TooManyStreamsError(
+                    f"{held} streams are open on this connection, as many as one may have "
+                    "(GELU_GRPC_MAX_STREAMS_PER_CONNECTION); try again when one ends"
+                )
+            self._by_peer[peer] = held + 1
+        self.held += 1
+
+    def give(self, peer: str | None) -> None:
+        """A stream of ``peer`` ended."""
+        self.held -= 1
+        if peer is not None:
+            left = self._by_peer.pop(peer) - 1
+            if left:
+                self._by_peer[peer] = left
+
+    def of(self, peer: str) -> int:
+        """Streams ``peer`` holds now."""
+        return self._by_peer.get(peer, 0)
+
+
+def _peer(context: Any) -> str | None:
+    """The connection a call came on (grpcio's ``peer()``: address and port); None where the
+    caller's context has none."""
+    peer = getattr(context, "peer", None)
+    return str(peer()) if callable(peer) else None
+
+
+def _model_of(request: Any) -> str:
+    """The model a request names (``model_name`` or ``name``), or ''."""
+    for field in ("model_name", "name"):
+        value = getattr(request, field, None)
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+class Envelope:
+    """What every gRPC method is served inside, whoever calls it (grpcio's server, or Ray
+    Serve's gRPC proxy calling the servicer's methods): the request id (``x-request-id``, else a
+    fresh one, returned in the trailing metadata), the credentials of the method's route class
+    (``service.auth``; UNAUTHENTICATED, PERMISSION_DENIED), each message within
+    GELU_MAX_BODY_BYTES (RESOURCE_EXHAUSTED, as grpcio's own bound answers), streams within
+    their share (``Streams``), then metrics, the access log and the trace's end, once a call."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        settings = plane.settings
+        self.plane = plane
+        self.restrictions = plane.restrictions
+        self.max_message_bytes = settings.max_body_bytes
+        self.access_log = settings.access_log
+        self.streams = Streams(settings.grpc_max_streams_per_connection, settings.max_connections)
+
+    def admit(self, method: str, metadata: dict[str, str]) -> None:
+        """Pass, or raise 401 / 403 for a call of ``method`` with ``metadata``."""
+        if self.restrictions is not None:
+            self.restrictions.check(ROUTE_CLASSES[method], metadata)
+
+    def fit(self, message: Any) -> None:
+        """Pass, or raise 413 for a message above GELU_MAX_BODY_BYTES (grpcio's server refuses
+        one first; a caller that decoded it itself, as Ray's proxy, is held here)."""
+        size = message.ByteSize()
+        if size > self.max_message_bytes:
+            raise PayloadTooLargeError(
+                f"Received message larger than max ({size} vs. {self.max_message_bytes}; "
+                "GELU_MAX_BODY_BYTES)"
+            )
+
+    async def open(self, service: str, method: str, context: Any) -> Call:
+        """A call of ``method`` under its request id; a malformed one ends it (INVALID_ARGUMENT)."""
+        metadata: dict[str, str] = {}
+        for key, value in context.invocation_metadata() or ():
+            if isinstance(value, str):  # ``-bin`` metadata is bytes, and carries no credentials
+                metadata[key] = value
+        try:
+            request_id.set(checked_request_id(metadata.get(REQUEST_ID_HEADER)))
+        except ServiceError as exc:
+            request_id.set(new_request_id())
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
+        return Call(service, method, context, metadata)
+
+    async def unary(
+        self, service: str, method: str, behavior: Behavior, request: Any, context: Any
+    ) -> Any:
+        """``behavior(request, call)``'s answer inside the envelope; a failure ends the call
+        with its status code."""
+        call = await self.open(service, method, context)
+        answer = await self.answer(
+            call, self._admitted(call, request, behavior), _model_of(request)
+        )
+        if isinstance(answer, Failure):
+            await _abort(context, answer.code, answer.message)
+        return answer
+
+    async def _admitted(self, call: Call, request: Any, behavior: Behavior) -> Any:
+        self.admit(call.method, call.metadata)
+        self.fit(request)
+        return await behavior(request, call)
+
+    async def answer(self, call: Call, handler: Awaitable[Reply], model: str) -> Reply | Failure:
+        """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
+        the status as its HTTP equivalent), end ``call``'s trace; a ``ServiceError`` (or a bug)
+        becomes a ``Failure`` with its status code and message."""
+        status, began, version = 500, time.perf_counter(), ""
+        try:
+            reply = await handler
+        except ServiceError as exc:
+            status = exc.status_code
+            return Failure(grpc_code(status), exc.message)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # the client cancelled, or went away
+            raise
+        except grpc.aio.AbortError:  # the method ended the call itself (health's NOT_FOUND)
+            status = _status_of(call.context)
+            raise
+        except Exception:
+            logger.exception("unhandled error in gRPC %s", call.method)
+            return Failure(grpc.StatusCode.INTERNAL, "internal server error")
+        else:
+            status = 200
+            version = getattr(reply, "model_version", "")  # the version that served it
+            return reply
+        finally:
+            self.observe(call, model, version, status, time.perf_counter() - began)
+
+    def observe(self, call: Call, model: str, version: str, status: int, seconds: float) -> None:
+        """The call's metrics, trace end and access-log line."""
+        # A client's string never becomes a label: only the repository's model names.
+        label = model if model and self.plane.knows_model(model) else ""
+        version = version if label else ""
+        trace = call.trace
+        trace_id = None if trace is None else trace.trace_id
+        self.plane.metrics.observe_request(
+            f"grpc:{call.method}", label, version, status, seconds, trace_id
+        )
+        if trace is not None:
+            attributes = {"rpc.grpc.status_code": grpc_code(status).value[0],
+                          "triton.model_version": version,
+                          "gelu.request_id": request_id.get() or ""}  # fmt: skip
+            trace.end(status, attributes, time.perf_counter_ns())
+        if wants_access(self.access_log):
+            access("grpc", call.method, f"/{call.service}/{call.method}", status, seconds,
+                   self.access_log, model=label or None, version=version or None)  # fmt: skip
+
+    async def stream(
+        self,
+        service: str,
+        method: str,
+        behavior: Behavior,
+        requests: Any,
+        context: Any,
+        counts_messages: bool = False,
+    ) -> AsyncGenerator[Any, None]:
+        """The answers of a streaming call (``requests``: one message, or the client's stream
+        of them) inside the envelope: its credentials and its share of streams before anything
+        is read, each message within its bound as it is read. The call is counted once as it
+        ends, unless the method counts each message itself (``counts_messages``)."""
+        call = await self.open(service, method, context)
+        peer, began = _peer(context), time.perf_counter()
+        single = not hasattr(requests, "__aiter__")
+        try:
+            self.admit(method, call.metadata)
+            if single:
+                self.fit(requests)
+            self.streams.take(peer)
+        except ServiceError as exc:
+            self.observe(call, "", "", exc.status_code, time.perf_counter() - began)
+            await _abort(context, grpc_code(exc.status_code), exc.message)
+        status = 500
+        try:
+            replies = behavior(requests if single else self._bounded(requests), call)
+            if inspect.isasyncgen(replies):
+                async for reply in replies:
+                    yield reply
+            else:
+                await replies  # a method that writes its answers itself (health's Watch)
+            status = 200
+        except ServiceError as exc:  # a message above the bound, or the method's own refusal
+            status = exc.status_code
+            await _abort(context, grpc_code(status), exc.message)
+        except (asyncio.CancelledError, GeneratorExit):
+            status = CLIENT_CLOSED_REQUEST
+            raise
+        except grpc.aio.AbortError:
+            status = _status_of(context)
+            raise
+        finally:
+            self.streams.give(peer)
+            if not counts_messages:
+                self.observe(call, "", "", status, time.perf_counter() - began)
+
+    async def _bounded(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+        async for request in requests:
+            self.fit(request)
+            yield request
+
+
+def _status_of(context: Any) -> int:
+    """The HTTP equivalent of the status a method ended its call with."""
+    code = context.code() if callable(getattr(context, "code", None)) else None
+    return 200 if code in (None, grpc.StatusCode.OK) else HTTP_STATUSES.get(code, 500)
+
+
+async def write_all(context: Any, answers: AsyncGenerator[Any, None]) -> None:
+    """Write each of ``answers`` as it comes (grpcio's server); its work still running is let
+    go when the call ends."""
+    try:
+        async for message in answers:
+            try:
+                await context.write(message)
+            except grpc.aio.InternalError:
+                # The client went away while it was written; grpcio logs the failed write
+                # as an error unless it has seen the client go first, as it does a cancel.
+                raise asyncio.CancelledError from None
+    finally:
+        await answers.aclose()
+
+
+def enveloped(servicer: Any, service: ServiceDescriptor, envelope: Envelope) -> Any:
+    """``servicer`` (a library's: health, reflection) with each method of ``service`` served
+    inside ``envelope``, for the service's generated ``add_*_to_server``."""
+    methods: dict[str, Callable[..., Any]] = {}
+    for method in service.methods:
+        own = getattr(servicer, method.name)
+        if method.client_streaming or method.server_streaming:
+            methods[method.name] = _streaming(envelope, service.full_name, method.name, own)
+        else:
+            methods[method.name] = _unary_of(envelope, service.full_name, method.name, own)
+    return SimpleNamespace(**methods)
+
+
+def _streaming(
+    envelope: Envelope, service: str, name: str, own: Callable[[Any, Any], Any]
+) -> Callable[[Any, Any], Awaitable[None]]:
+    async def serve(requests: Any, context: Any) -> None:
+        answers = envelope.stream(service, name, lambda r, call: own(r, call.context), requests,
+                                  context)  # fmt: skip
+        await write_all(context, answers)
+
+    return serve
+
+
+def _unary_of(
+    envelope: Envelope, service: str, name: str, own: Callable[[Any, Any], Awaitable[Any]]
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def serve(request: Any, context: Any) -> Any:
+        return await envelope.unary(service, name, lambda r, call: own(r, call.context),
+                                    request, context)  # fmt: skip
+
+    return serve
 
 
 class Window:
@@ -117,146 +436,23 @@ class Window:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """Each method of the protocol as a call on the core."""
+    """Each method of the protocol as a call on the core, inside the envelope: the protocol's
+    unary methods (``ServerLive``, ...) are built from its descriptor around their core calls
+    (``_ServerLive``, ...) below; ``ModelStreamInfer`` and ``stream_answers`` go through it too."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
-        self.access_log = plane.settings.access_log
-
-    async def _call(
-        self,
-        method: str,
-        context: grpc.aio.ServicerContext,
-        handler: Awaitable[Reply],
-        model: str = "",
-        trace: RequestTrace | None = None,
-    ) -> Reply:
-        """Await ``handler`` (``_answer``) under the call's request id (its ``x-request-id``
-        metadata, else a fresh one, returned in the trailing metadata); a failure ends the
-        call with its status code."""
-        given = None
-        for key, value in context.invocation_metadata() or ():
-            if key == REQUEST_ID_HEADER:
-                given = value
-        try:
-            request_id.set(checked_request_id(given))
-        except ServiceError as exc:
-            handler.close()  # type: ignore[attr-defined]  # a coroutine never awaited
-            request_id.set(new_request_id())
-            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-        answer = await self._answer(method, handler, model, trace)
-        if isinstance(answer, Failure):
-            await _abort(context, answer.code, answer.message)
-        return answer
-
-    async def _answer(
-        self,
-        method: str,
-        handler: Awaitable[Reply],
-        model: str,
-        trace: RequestTrace | None = None,
-    ) -> Reply | Failure:
-        """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
-        the status as its HTTP equivalent); a ``ServiceError`` (or a bug) becomes a ``Failure``
-        with its status code and message."""
-        status, began, version = 500, time.perf_counter(), ""
-        try:
-            reply = await handler
-        except ServiceError as exc:
-            status = exc.status_code
-            return Failure(STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), exc.message)
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED_REQUEST  # the client cancelled, or went away
-            raise
-        except Exception:
-            logger.exception("unhandled error in gRPC %s", method)
-            return Failure(grpc.StatusCode.INTERNAL, "internal server error")
-        else:
-            status = 200
-            version = getattr(reply, "model_version", "")  # the version that served it
-            return reply
-        finally:
-            # A client's string never becomes a label: only the repository's model names.
-            label = model if model and self.plane.knows_model(model) else ""
-            version = version if label else ""
-            seconds = time.perf_counter() - began
-            trace_id = None if trace is None else trace.trace_id
-            self.plane.metrics.observe_request(
-                f"grpc:{method}", label, version, status, seconds, trace_id
-            )
-            if trace is not None:
-                attributes = {"rpc.grpc.status_code": grpc_code(status).value[0],
-                              "triton.model_version": version,
-                              "gelu.request_id": request_id.get() or ""}  # fmt: skip
-                trace.end(status, attributes, time.perf_counter_ns())
-            if wants_access(self.access_log):
-                access("grpc", method, f"/inference.GRPCInferenceService/{method}", status,
-                       seconds, self.access_log, model=label or None,
-                       version=version or None)  # fmt: skip
-
-    # The protocol's methods (grpcio's names); each is the core call below it, through _call.
-
-    async def ServerLive(self, request: Any, context: Any) -> Any:
-        return await self._call("ServerLive", context, self._live())
-
-    async def ServerReady(self, request: Any, context: Any) -> Any:
-        return await self._call("ServerReady", context, self._ready())
-
-    async def ModelReady(self, request: Any, context: Any) -> Any:
-        return await self._call("ModelReady", context, self._model_ready(request), request.name)
-
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return await self._call("ServerMetadata", context, self._server_metadata())
-
-    async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        metadata = self._model_metadata(request)
-        return await self._call("ModelMetadata", context, metadata, request.name)
-
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
-        trace = None
-        if self.plane.tracing is not None:
-            trace = self._begin_trace(request, dict(context.invocation_metadata() or ()))
-        infer = self._infer(request, trace)
-        return await self._call("ModelInfer", context, infer, request.model_name, trace)
-
-    # ModelStreamInfer, a stream of calls rather than one, is with inference below.
-
-    async def ModelConfig(self, request: Any, context: Any) -> Any:
-        return await self._call("ModelConfig", context, self._config(request), request.name)
-
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        statistics = self._statistics(request)
-        return await self._call("ModelStatistics", context, statistics, request.name)
-
-    async def TraceSetting(self, request: Any, context: Any) -> Any:
-        setting = self._trace_setting(request, context)
-        return await self._call("TraceSetting", context, setting, request.model_name)
-
-    async def LogSettings(self, request: Any, context: Any) -> Any:
-        return await self._call("LogSettings", context, self._log_settings(request, context))
-
-    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        return await self._call("RepositoryIndex", context, self._index(request, context))
-
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        load = self._load(request, context)
-        return await self._call("RepositoryModelLoad", context, load, request.model_name)
-
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        unload = self._unload(request, context)
-        return await self._call("RepositoryModelUnload", context, unload, request.model_name)
+        self.envelope = Envelope(plane)
 
     # ---- health and metadata ---------------------------------------------------------------------
 
-    async def _live(self) -> pb.ServerLiveResponse:
+    async def _ServerLive(self, request: Any, call: Call) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def _ready(self) -> pb.ServerReadyResponse:
+    async def _ServerReady(self, request: Any, call: Call) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.plane.ready)
 
-    async def _model_ready(self, request: Any) -> pb.ModelReadyResponse:
+    async def _ModelReady(self, request: Any, call: Call) -> pb.ModelReadyResponse:
         # As Triton's gRPC face: an unknown or unready model is ready=false, not an error.
         try:
             self.plane.model(request.name, request.version or None)
@@ -264,14 +460,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
-    async def _server_metadata(self) -> pb.ServerMetadataResponse:
+    async def _ServerMetadata(self, request: Any, call: Call) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(**self.plane.server_metadata())
 
-    async def _model_metadata(self, request: Any) -> pb.ModelMetadataResponse:
+    async def _ModelMetadata(self, request: Any, call: Call) -> pb.ModelMetadataResponse:
         metadata = self.plane.model_metadata(request.name, request.version or None)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     # ---- inference -------------------------------------------------------------------------------
+
+    async def _ModelInfer(self, request: Any, call: Call) -> pb.ModelInferResponse:
+        if self.plane.tracing is not None:
+            call.trace = self._begin_trace(request, call.metadata)
+        return await self._infer(request, call.trace)
 
     async def _infer(
         self, request: Any, trace: RequestTrace | None = None
@@ -305,34 +506,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Triton's streaming inference: ``stream_answers``, each written as it comes."""
-        answers = self.stream_answers(requests, context)
-        try:
-            async for message in answers:
-                try:
-                    await context.write(message)
-                except grpc.aio.InternalError:
-                    # The client went away while it was written; grpcio logs the failed write
-                    # as an error unless it has seen the client go first, as it does a cancel.
-                    raise asyncio.CancelledError from None
-        finally:
-            await answers.aclose()  # its requests still running are let go now
+        await write_all(context, self.stream_answers(requests, context))
 
-    async def stream_answers(
+    def stream_answers(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
-        """The answers of a ModelStreamInfer call (here, and on a Ray Serve replica, whose
-        proxy writes them): each request read is started on the core at once (so a
-        stream's requests join batches as concurrent calls' do) and answered in the order read,
-        a failed one in band (``error_message``, the request's id) unless the client asked, as
-        Triton's clients may, for the first failure to end the call (``triton_grpc_error``).
-        Reading stops while the requests started and not yet answered number
+        """The answers of a ModelStreamInfer call, inside the envelope (here, and on a Ray
+        Serve replica, whose proxy writes them): each request read is started on the core at
+        once (so a stream's requests join batches as concurrent calls' do) and answered in the
+        order read, a failed one in band (``error_message``, the request's id) unless the client
+        asked, as Triton's clients may, for the first failure to end the call
+        (``triton_grpc_error``). Each request is counted as a ModelInfer call is.
+
+        Reading pauses while the requests started and not yet answered number
         ``STREAM_WINDOW`` or would hold more than ``GELU_MAX_BODY_BYTES``: HTTP/2's flow
         control then holds the client, and a stream holds no more than a connection does."""
-        metadata = dict(context.invocation_metadata() or ())
+        return self.envelope.stream(SERVICE, "ModelStreamInfer", self._stream_answers, requests,
+                                    context, counts_messages=True)  # fmt: skip
+
+    async def _stream_answers(
+        self, requests: AsyncIterator[Any], call: Call
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        metadata = call.metadata
         end_on_failure = metadata.get("triton_grpc_error", "").lower() == "true"
         window = Window(STREAM_WINDOW, self.plane.settings.max_body_bytes)
         started: Started = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, window, started, metadata))
+        reader = asyncio.create_task(self._read_stream(requests, window, started, call))
         try:
             while (item := await started.get()) is not None:
                 task, size, request_id = item
@@ -340,7 +539,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if not isinstance(answer, Failure):
                     message = pb.ModelStreamInferResponse(infer_response=answer)
                 elif end_on_failure:
-                    await _abort(context, answer.code, answer.message)
+                    await _abort(call.context, answer.code, answer.message)
                 else:
                     message = pb.ModelStreamInferResponse(error_message=answer.message)
                     message.infer_response.id = request_id  # which request it was, as Triton's
@@ -358,41 +557,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         requests: AsyncIterator[Any],
         window: Window,
         started: Started,
-        metadata: dict[str, str],
+        call: Call,
     ) -> None:
         """Start each request read on the core, within the window; None once the client is done."""
         try:
             async for request in requests:
                 size = request.ByteSize()
                 await window.take(size)
-                answer = self._answer_streamed(request, metadata)
+                answer = self._answer_streamed(request, call)
                 started.put_nowait((asyncio.create_task(answer), size, request.id))
         finally:
             started.put_nowait(None)
 
-    async def _answer_streamed(self, request: Any, metadata: dict[str, str]) -> Any:
+    async def _answer_streamed(self, request: Any, stream: Call) -> Any:
         """One streamed request's answer, under its own request id (its V2 ``id`` where it
         has a safe one) and, if picked, its own trace under the call's ``traceparent``."""
         request_id.set(new_request_id())
         if request.id:
             adopt_request_id(request.id)
-        trace = None
+        call = Call(stream.service, stream.method, stream.context, stream.metadata)
         if self.plane.tracing is not None:
-            trace = self._begin_trace(request, metadata, "ModelStreamInfer")
-        infer = self._infer(request, trace)
-        return await self._answer("ModelStreamInfer", infer, request.model_name, trace)
+            call.trace = self._begin_trace(request, stream.metadata, "ModelStreamInfer")
+        infer = self._infer(request, call.trace)
+        return await self.envelope.answer(call, infer, request.model_name)
 
     # ---- Triton's extensions ---------------------------------------------------------------------
 
-    async def _config(self, request: Any) -> pb.ModelConfigResponse:
+    async def _ModelConfig(self, request: Any, call: Call) -> pb.ModelConfigResponse:
         as_json = self.plane.model_config(request.name, request.version or None)
         return pb.ModelConfigResponse(config=json_format.ParseDict(as_json, pb.ModelConfig()))
 
-    async def _statistics(self, request: Any) -> pb.ModelStatisticsResponse:
+    async def _ModelStatistics(self, request: Any, call: Call) -> pb.ModelStatisticsResponse:
         stats = self.plane.statistics(request.name or None, request.version or None)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
-    async def _trace_setting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+    async def _TraceSetting(self, request: Any, call: Call) -> pb.TraceSettingResponse:
         model = request.model_name or None
         if model is not None:
             self.plane.model_info(model)  # 404 for a model the repository does not serve
@@ -407,7 +606,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             reply.settings[name].value.extend(value if isinstance(value, list) else [value])
         return reply
 
-    async def _log_settings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+    async def _LogSettings(self, request: Any, call: Call) -> pb.LogSettingsResponse:
         changes = {
             name: getattr(value, value.WhichOneof("parameter_choice"))
             for name, value in request.settings.items()
@@ -421,17 +620,48 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             setattr(reply.settings[name], kind, value)
         return reply
 
-    async def _index(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+    async def _RepositoryIndex(self, request: Any, call: Call) -> pb.RepositoryIndexResponse:
         models = self.plane.control.index(request.ready)
         return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
 
-    async def _load(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
+    async def _RepositoryModelLoad(
+        self, request: Any, call: Call
+    ) -> pb.RepositoryModelLoadResponse:
         await self.plane.control.load(request.model_name, request.parameters)
         return pb.RepositoryModelLoadResponse()
 
-    async def _unload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
+    async def _RepositoryModelUnload(
+        self, request: Any, call: Call
+    ) -> pb.RepositoryModelUnloadResponse:
         await self.plane.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+def _served(name: str) -> Callable[[InferenceServicer, Any, Any], Awaitable[Any]]:
+    """The protocol's unary method ``name``: its core call (``_name``) inside the envelope."""
+
+    async def method(self: InferenceServicer, request: Any, context: Any) -> Any:
+        behavior = getattr(self, f"_{name}")
+        return await self.envelope.unary(SERVICE, name, behavior, request, context)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"{SERVICE}/{name}: ``_{name}`` inside the envelope."
+    return method
+
+
+def _serve_every_method() -> None:
+    """Build every unary method of the protocol through the envelope: one without a core call
+    here, or without a route class (``ROUTE_CLASSES``), stops the import rather than be served
+    outside it."""
+    for method in SERVICE_DESCRIPTOR.methods:
+        if method.name not in ROUTE_CLASSES:
+            raise RuntimeError(f"{SERVICE}/{method.name} has no route class (service.auth.GRPC)")
+        if not (method.client_streaming or method.server_streaming):
+            getattr(InferenceServicer, f"_{method.name}")  # AttributeError: no core call
+            setattr(InferenceServicer, method.name, _served(method.name))
+
+
+_serve_every_method()
 
 
 async def _abort(
@@ -453,8 +683,6 @@ def fit_details(message: str) -> str:
 def reflection_pool() -> Any:
     """What reflection describes: the protocol (in its own descriptor pool, see
     ``service/grpc/generate.py``), with health's and reflection's own files added to it."""
-    from grpc_reflection.v1alpha import reflection_pb2
-
     for module in (health_pb2, reflection_pb2):
         try:
             pb.POOL.FindFileByName(module.DESCRIPTOR.name)
@@ -512,12 +740,19 @@ class ReadWithin(grpc.aio.ServerInterceptor):
         return read_then_answer
 
 
-class Restrict(grpc.aio.ServerInterceptor):
-    """Each call checked against GELU_RESTRICTED_API's classes (``service.auth``), from its
-    metadata, before its method runs: UNAUTHENTICATED or PERMISSION_DENIED otherwise."""
+class AdmitFirst(grpc.aio.ServerInterceptor):
+    """Each call's credentials, checked before its message is read: a refused client costs no
+    memory for what it sends. The class is that of the method grpcio dispatches on (its exact
+    registered path), never one parsed from the path a client sent; the envelope checks again
+    where the method runs (all that a caller skipping grpcio's server gets)."""
 
-    def __init__(self, restrictions: Restrictions) -> None:
-        self.restrictions = restrictions
+    def __init__(self, envelope: Envelope, services: tuple[ServiceDescriptor, ...]) -> None:
+        self.envelope = envelope
+        self.methods = {
+            f"/{service.full_name}/{method.name}": (service.full_name, method.name)
+            for service in services
+            for method in service.methods
+        }
 
     async def intercept_service(
         self,
@@ -525,24 +760,31 @@ class Restrict(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        route_class = GRPC_CLASSES.get(details.method.rsplit("/", 1)[-1], "metadata")
-        if handler is None or not self.restrictions.restricts(route_class):
+        served = self.methods.get(details.method)
+        if handler is None or served is None:  # unknown: UNIMPLEMENTED
             return handler
         metadata = {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
         try:
-            self.restrictions.check(route_class, metadata)
+            self.envelope.admit(served[1], metadata)
         except ServiceError as exc:
-            return _refusal(handler, STATUS_CODES[exc.status_code], exc.message)
+            return _refusal(handler, self.envelope, *served, exc)
         return handler
 
 
 def _refusal(
-    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
+    handler: grpc.RpcMethodHandler,
+    envelope: Envelope,
+    service: str,
+    method: str,
+    refused: ServiceError,
 ) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s kind that ends the call with ``code``, reading nothing."""
+    """A handler of ``handler``'s kind that ends the call with ``refused``'s status, reading
+    nothing, counted and logged by the envelope."""
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _abort(context, code, message)
+        call = await envelope.open(service, method, context)
+        envelope.observe(call, "", "", refused.status_code, 0.0)
+        await _abort(context, grpc_code(refused.status_code), refused.message)
 
     kinds = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -559,7 +801,8 @@ def _refusal(
 
 
 class GrpcServer:
-    """grpcio's asyncio server with the inference service, health and reflection."""
+    """grpcio's asyncio server with the inference service, health and reflection, each method
+    inside one envelope."""
 
     def __init__(self, plane: DataPlane, address: str, share_port: bool = False) -> None:
         self.plane = plane
@@ -577,26 +820,41 @@ class GrpcServer:
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
             ("grpc.server_handshake_timeout_ms", round(limits.header_timeout_seconds * 1000)),
             ("grpc.max_connection_idle_ms", round(limits.keep_alive_seconds * 1000)),
+            ("grpc.max_concurrent_streams", HTTP2_STREAMS_PER_CONNECTION),
             # Each worker of `serve --workers N` binds the same port; a lone process must not
             # share its port with another server by accident.
             ("grpc.so_reuseport", 1 if share_port else 0),
         ]
-        # One HTTP/2 connection carries many calls: as many in flight as HTTP's connections
-        # can carry requests; one more gets RESOURCE_EXHAUSTED before its message is read.
-        interceptors: list[grpc.aio.ServerInterceptor] = [ReadWithin(limits.body_timeout_seconds)]
-        if plane.restrictions is not None:
-            interceptors.insert(0, Restrict(plane.restrictions))
+        servicer = InferenceServicer(plane)
+        envelope = servicer.envelope
+        services = (SERVICE_DESCRIPTOR, HEALTH_DESCRIPTOR, REFLECTION_DESCRIPTOR)
+        self.interceptors = [
+            AdmitFirst(envelope, services),
+            ReadWithin(limits.body_timeout_seconds),
+        ]
+        # One HTTP/2 connection carries many calls: as many unary ones in flight as HTTP's
+        # connections can carry requests, and as many streams again (``Streams``, which refuses
+        # one past its share at once); one more gets RESOURCE_EXHAUSTED before it is read.
         self._server = grpc.aio.server(
             options=options,
-            interceptors=interceptors,
-            maximum_concurrent_rpcs=limits.max_connections,
+            interceptors=self.interceptors,
+            maximum_concurrent_rpcs=2 * limits.max_connections,
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self._server)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-        reflection.enable_server_reflection(
-            (*names, reflection.SERVICE_NAME), self._server, pool=reflection_pool()
+        names = (SERVICE, HEALTH_DESCRIPTOR.full_name, reflection.SERVICE_NAME)
+        reflecting = reflection.aio.ReflectionServicer(names, pool=reflection_pool())
+        # What each service's methods are served by, each inside the envelope.
+        self.servicers: dict[str, Any] = {
+            SERVICE: servicer,
+            HEALTH_DESCRIPTOR.full_name: enveloped(self._health, HEALTH_DESCRIPTOR, envelope),
+            REFLECTION_DESCRIPTOR.full_name: enveloped(reflecting, REFLECTION_DESCRIPTOR, envelope),
+        }
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(
+            self.servicers[HEALTH_DESCRIPTOR.full_name], self._server
+        )
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            self.servicers[REFLECTION_DESCRIPTOR.full_name], self._server
         )
         tls = TlsFiles.from_settings(limits)
         try:

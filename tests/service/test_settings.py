@@ -51,3 +51,57 @@ def test_the_readmes_settings_defaults_are_the_codes() -> None:
     assert len(quoted) >= 5
     for variable, default in quoted:
         assert generated[variable] == default, variable
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("GELU_CONTROL_TOKEN", "", "at least 16 characters (it is 0)"),
+        ("GELU_CONTROL_TOKEN", "x", "at least 16 characters (it is 1)"),
+        ("GELU_CONTROL_TOKEN", "fifteen-chars!!", "at least 16 characters (it is 15)"),
+        ("GELU_RESTRICTED_API", "inference:x-api-key=Zq", "a key of inference has 2 characters"),
+        (
+            "GELU_RESTRICTED_API",
+            "logging,trace:x-admin=a-long-enough-admin-key|short-admin-key",
+            "a key of logging, trace has 15 characters",
+        ),
+    ],
+)
+def test_a_short_credential_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, needle: str
+) -> None:
+    """Issue 62 item 11: an empty or one-character control token was accepted. A token or key
+    under 16 characters is one line naming the variable, and never shows the value."""
+    from service.settings import SettingsError, load_settings
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"{variable}: ") and needle in message, message
+    assert "\n" not in message
+    for secret in value.split("=")[-1].split("|"):
+        assert len(secret) < 2 or secret not in message, secret
+
+
+def test_credentials_of_16_characters_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import load_settings
+
+    monkeypatch.setenv("GELU_CONTROL_TOKEN", "0123456789abcdef")
+    monkeypatch.setenv("GELU_RESTRICTED_API", "inference:x-api-key=fedcba9876543210")
+    settings = load_settings()
+    assert settings.control_token is not None and settings.restricted_api is not None
+
+
+def test_serve_refuses_a_short_token_in_one_line(tmp_path: Path) -> None:
+    """What an operator sees: `gelu-serve serve` exits at once, one line naming the variable."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GELU_CONTROL_TOKEN": "x", "GELU_MODEL_REPOSITORY": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "cli", "serve", "--port", "0"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "GELU_CONTROL_TOKEN" in lines[0] and "16" in lines[0], lines

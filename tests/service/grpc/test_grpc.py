@@ -307,11 +307,12 @@ def test_readme_quotes_the_cut() -> None:
 
 
 def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: Path) -> None:
-    """GELU_MAX_CONNECTIONS bounds gRPC's connections and its calls in flight, as HTTP's
-    connections: before, a client opening connections used up the process's file descriptors
-    and HTTP stopped answering too. A silent connection is closed after
-    GELU_HEADER_TIMEOUT_SECONDS, an idle one after GELU_KEEP_ALIVE_SECONDS (GOAWAY), and a
-    call whose message does not come ends after GELU_BODY_TIMEOUT_SECONDS."""
+    """GELU_MAX_CONNECTIONS bounds gRPC's connections and its calls in flight (twice as many:
+    streams have a share of their own), as HTTP's connections: before, a client opening
+    connections used up the process's file descriptors and HTTP stopped answering too. A
+    silent connection is closed after GELU_HEADER_TIMEOUT_SECONDS, an idle one after
+    GELU_KEEP_ALIVE_SECONDS (GOAWAY), and a call whose message does not come ends after
+    GELU_BODY_TIMEOUT_SECONDS."""
     env = {
         "GELU_MAX_CONNECTIONS": "2",
         "GELU_MAX_QUEUE_DELAY_US": "1500000",  # a call waits this long for company
@@ -321,9 +322,9 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
         "GELU_BODY_TIMEOUT_SECONDS": "3",
     }
     for server in grpc_server(model_repository, **env):
-        # Calls: two in flight on one connection, waiting for company; a third is refused.
-        assert asyncio.run(_third_of_three_calls(server.address)) == (
-            grpc.StatusCode.RESOURCE_EXHAUSTED, 2, 2
+        # Calls: four in flight on one connection, waiting for company; a fifth is refused.
+        assert asyncio.run(_one_call_past(server.address, 4)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED, [2] * 4
         )  # fmt: skip
         # Connections: two held, once the call's is let go; a third refused until they have
         # been idle long enough to be let go too.
@@ -336,8 +337,8 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
         channel = _connected(server.address)
         for idle in held:
             idle.close()
-        # Two calls whose message never comes hold both calls in flight, until they are ended.
-        with _stalled_calls(server.grpc_port, 2) as stalled:
+        # Four calls whose message never comes hold the calls in flight, until they are ended.
+        with _stalled_calls(server.grpc_port, 4) as stalled:
             assert _live(channel) == grpc.StatusCode.RESOURCE_EXHAUSTED
             _connected(server.address, channel)
             assert stalled.recv(65536)  # their ends (the server's SETTINGS came before)
@@ -388,16 +389,16 @@ def _stalled_calls(port: int, calls: int) -> Iterator[socket.socket]:
         yield sock
 
 
-async def _third_of_three_calls(address: str) -> tuple[grpc.StatusCode, int, int]:
-    """Two calls at once, then a third; the third's status, and the outputs of the others."""
+async def _one_call_past(address: str, calls: int) -> tuple[grpc.StatusCode, list[int]]:
+    """``calls`` calls at once, then one more; its status, and the outputs of the others."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        first = [asyncio.ensure_future(stub.ModelInfer(raw_request(DIGITS[:1]))) for _ in "ab"]
+        first = [asyncio.ensure_future(stub.ModelInfer(raw_request(DIGITS[:1])))
+                 for _ in range(calls)]  # fmt: skip
         await asyncio.sleep(0.3)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ModelInfer(raw_request(DIGITS[:1]))
-        answers = [len((await call).outputs) for call in first]
-        return caught.value.code(), *answers
+        return caught.value.code(), [len((await call).outputs) for call in first]
 
 
 def _channel(address: str) -> grpc.Channel:
