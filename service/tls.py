@@ -5,8 +5,9 @@
 certificate that CA signed. HTTP follows Mozilla's "intermediate" profile (TLS 1.2 and 1.3,
 its TLS 1.2 ciphers; 1.3's suites are all allowed); gRPC's TLS (BoringSSL, in grpcio) allows
 TLS 1.2 and up with forward-secret AEAD ciphers by default. Replaced files are read again: on
-HTTP within a second, for the next handshakes (``TlsFiles.reload``), on gRPC at the next
-handshake (grpcio asks ``TlsFiles.grpc_credentials``' fetcher).
+HTTP within a second, into a new context for the next handshakes (``TlsFiles.reload``), on gRPC
+at the next handshake (grpcio asks ``TlsFiles.grpc_credentials``' fetcher); either way a
+replaced client-CA file replaces the CAs trusted, never adds to them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class TlsFiles:
     client_ca: Path | None = None
     client_auth: str = "none"
     _read: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+    _current: ssl.SSLContext | None = field(default=None, repr=False)  # what handshakes use
 
     @classmethod
     def from_settings(cls, settings: Any) -> TlsFiles | None:
@@ -88,26 +90,65 @@ class TlsFiles:
 
     @staticmethod
     def harden(context: ssl.SSLContext) -> None:
-        """Mozilla intermediate's versions on uvicorn's context: TLS 1.2 and up."""
+        """Mozilla intermediate's versions on a context: TLS 1.2 and up."""
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
 
-    def reload(self, context: ssl.SSLContext) -> bool:
-        """Read the files again into ``context`` if they changed: later handshakes use them.
-        A pair that does not load (a key not yet matching its certificate) is logged and
-        retried at the next change; the context keeps what it had."""
+    def context(self) -> ssl.SSLContext:
+        """A new server context from the files as they are now, as uvicorn's options make it:
+        its certificate, its client CAs (those alone), Mozilla intermediate."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.harden(context)
+        context.set_ciphers(INTERMEDIATE_CIPHERS)
+        context.load_cert_chain(self.cert, self.key)
+        context.verify_mode = CLIENT_AUTH[self.client_auth]
+        if self.client_ca is not None:
+            context.load_verify_locations(self.client_ca)
+            self._no_resumption(context)
+        return context
+
+    def serve_with(self, listening: ssl.SSLContext) -> None:
+        """Serve with ``listening`` (uvicorn's context, which its servers keep) until the files
+        change: each handshake then moves to the context ``reload`` made last (Python's
+        ``sni_callback`` may set a handshake's context; OpenSSL calls it for every ClientHello,
+        with a server name or without), so a replaced client-CA file replaces the trust store
+        rather than adding to it."""
+        self.harden(listening)
+        if self.client_ca is not None:
+            self._no_resumption(listening)
+        self._current = listening
+        listening.sni_callback = self._select
+
+    def _select(self, handshake: Any, server_name: str | None, listening: ssl.SSLContext) -> None:
+        current = self._current
+        if current is not None and current is not listening:
+            handshake.context = current
+        return None
+
+    @staticmethod
+    def _no_resumption(context: ssl.SSLContext) -> None:
+        """No session tickets where client certificates are checked: a TLS 1.3 ticket resumes
+        a session without its certificate being checked again, which would outlive a replaced
+        CA (the ticket keys stay with the listening context). TLS 1.2's session-ID cache, which
+        Python cannot flush, still can, within OpenSSL's session lifetime."""
+        context.num_tickets = 0
+        context.options |= ssl.OP_NO_TICKET
+
+    def reload(self) -> bool:
+        """Read the files again if they changed: later handshakes use a new context made from
+        them (``serve_with``). A pair that does not load (a key not yet matching its
+        certificate) is logged and retried at the next change; the last context serves on."""
         if not self.changed():
             return False
         try:
-            context.load_cert_chain(self.cert, self.key)
-            if self.client_ca is not None:
-                context.load_verify_locations(self.client_ca)
+            context = self.context()
         except (OSError, ssl.SSLError) as exc:
             self._read = ()  # try again at the next look
-            logger.warning("TLS: %s and %s do not load (%s); serving the last ones",
-                           self.cert, self.key, exc)  # fmt: skip
+            logger.warning("TLS: %s, %s or the client CAs do not load (%s); serving the last "
+                           "ones", self.cert, self.key, exc)  # fmt: skip
             return False
-        logger.info("TLS: certificate %s read again", self.cert)
+        self._current = context
+        logger.info("TLS: certificate %s and client CAs read again", self.cert)
         return True
 
     # ---- gRPC ----------------------------------------------------------------------------------

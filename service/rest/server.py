@@ -142,7 +142,7 @@ class GracefulServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         if self.tls is not None and self.config.ssl is not None:
-            self.tls.harden(self.config.ssl)  # uvicorn made it from the files: TLS 1.2 and up
+            self.tls.serve_with(self.config.ssl)  # uvicorn's, from the files: TLS 1.2 and up
             loop = asyncio.get_running_loop()
             if isinstance(loop, HandshakeBoundedLoop):
                 loop.handshake_timeout = self.handshake_timeout
@@ -182,7 +182,7 @@ class GracefulServer(uvicorn.Server):
             return True
         # uvicorn ticks every 0.1 s: replaced certificate files are looked for every second.
         if self.tls is not None and self.config.ssl is not None and counter % 10 == 0:
-            self.tls.reload(self.config.ssl)
+            self.tls.reload()
         return await super().on_tick(counter)
 
     @contextlib.contextmanager

@@ -271,3 +271,111 @@ def test_tls_settings_are_checked_together(pki: Pki, tmp_path: Path) -> None:
         load_settings(tls_cert_file=tmp_path / "nope.pem", tls_key_file=pki.key_file)
     settings = load_settings(tls_cert_file=pki.cert_file, tls_key_file=pki.key_file)
     assert settings.tls_client_auth == "none"
+
+
+def _client(pki: Pki, ca: Any, name: str) -> ssl.SSLContext:
+    """A client context trusting the server's CA, with a certificate ``ca`` signed."""
+    pem = pki.folder / f"{name}.pem"
+    ca.issue_cert(f"{name}@example.com").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    context = pki.context()
+    context.load_cert_chain(pem)
+    return context
+
+
+def _replace_client_ca(pki: Pki, path: Path) -> Any:
+    """A new CA written over the client-CA file ``path`` (renamed into place); the CA."""
+    new = trustme.CA()
+    staged = pki.folder / "staged-ca.pem"
+    new.cert_pem.write_to_path(str(staged))
+    shutil.move(staged, path)
+    return new
+
+
+def _admitted(port: int, context: ssl.SSLContext) -> bool:
+    try:
+        return _https(port, context)[0] == 200
+    except (ssl.SSLError, ConnectionError, OSError):
+        return False
+
+
+def test_a_replaced_client_ca_replaces_the_trusted_cas(pki: Pki) -> None:
+    """Issue 62 item 11: a replaced client-CA file was loaded into the serving context on top of
+    the old CAs, so certificates of a retired CA were still admitted. Now a new context is made
+    from the files and handshakes move to it: the old CA's clients are refused (and TLS 1.3
+    cannot resume their sessions: no tickets), the new CA's admitted."""
+    import asyncio
+
+    from service.tls import TlsFiles
+
+    client_ca = pki.folder / "client-ca.pem"
+    shutil.copy(pki.ca_file, client_ca)
+    files = TlsFiles(pki.cert_file, pki.key_file, client_ca, "required")
+    files._read = files.stamp()
+    old_client = _client(pki, pki.ca, "old")
+
+    async def served() -> tuple[list[bool], list[bool]]:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            writer.close()
+
+        listening = files.context()
+        files.serve_with(listening)
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=listening)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            before = await asyncio.to_thread(_admitted, port, old_client)
+            new_client = _client(pki, _replace_client_ca(pki, client_ca), "new")
+            assert files.reload()
+            after = [await asyncio.to_thread(_admitted, port, c) for c in (old_client, new_client)]
+            return [before], after
+        finally:
+            server.close()
+
+    before, after = asyncio.run(served())
+    assert before == [True] and after == [False, True]
+
+
+@pytest.mark.slow
+def test_a_replaced_client_ca_is_the_only_one_trusted_on_both_faces(
+    model_repository: Path, pki: Pki
+) -> None:
+    """The same against a real server: HTTP reads the replaced file within a second, gRPC at
+    the next handshake; a certificate signed only by the old CA is refused on both."""
+    import grpc
+
+    from service.grpc import inference_pb2 as pb
+    from service.grpc import inference_pb2_grpc as pb_grpc
+
+    client_ca = pki.folder / "client-ca.pem"
+    shutil.copy(pki.ca_file, client_ca)
+    grpc_port = free_port()
+    env = {"GELU_TLS_CERT_FILE": str(pki.cert_file), "GELU_TLS_KEY_FILE": str(pki.key_file),
+           "GELU_TLS_CLIENT_CA_FILE": str(client_ca), "GELU_TLS_CLIENT_AUTH": "required",
+           "GELU_GRPC_PORT": str(grpc_port)}  # fmt: skip
+    old_client = _client(pki, pki.ca, "old")
+
+    def grpc_live(pem: Path) -> bool:
+        key_and_chain = pem.read_bytes()
+        credentials = grpc.ssl_channel_credentials(pki.ca_file.read_bytes(), key_and_chain,
+                                                   key_and_chain)  # fmt: skip
+        with grpc.secure_channel(f"localhost:{grpc_port}", credentials) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                return stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
+            except grpc.RpcError:
+                return False
+
+    with probed(model_repository, lambda port: _https(port, old_client)[0], env) as (port, _):
+        assert grpc_live(pki.folder / "old.pem")
+        new_client = _client(pki, _replace_client_ca(pki, client_ca), "new")
+        deadline = time.monotonic() + 10
+        while _admitted(port, old_client):
+            assert time.monotonic() < deadline, "the old CA's client is still admitted"
+            time.sleep(0.2)
+        assert _admitted(port, new_client)
+        assert not grpc_live(pki.folder / "old.pem") and grpc_live(pki.folder / "new.pem")
