@@ -186,7 +186,7 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
     import threading
     import time
 
-    from tests.service.rest.test_limits import get, probed
+    from tests.servers import get, probed
 
     root = tmp_path / "repo"
     write_model(root, "m000", 1)
