@@ -18,7 +18,7 @@ NestedNumbers = list[Any]  # numbers or nested lists of numbers, row-major
 class ErrorResponse(BaseModel):
     """Every error: 4xx for a client's mistake, 5xx for the service's."""
 
-    error: str = Field(examples=["unknown model 'nope'; available: digits-mlp"])
+    error: str = Field(examples=["unknown model 'nope'"])
 
 
 # ---- V1 -------------------------------------------------------------------------------------
