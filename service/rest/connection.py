@@ -65,16 +65,27 @@ class Pieces:
     ``body``, which the protocol extends with ``+=``, measures with ``len`` and hands to the app
     as ``bytes(body)``). The bytearray copies each piece in and out again: two copies of every
     body, 4 MB each for a 1e6-value activation request. Here a piece is kept as it came, and
-    handed on as it is when it is the only one, joined otherwise."""
+    handed on as it is when it is the only one, joined otherwise.
+
+    Past ``MAX_PIECES`` the pieces are appended to the last one instead: a chunked body of
+    one-byte chunks (the class of Triton's CVE-2025-23310/23311) would otherwise cost a
+    ``bytes`` object, about 40 bytes, per byte received before the route reads it."""
 
     __slots__ = ("pieces", "size")
 
     def __init__(self) -> None:
-        self.pieces: list[bytes] = []
+        self.pieces: list[bytes | bytearray] = []
         self.size = 0
 
     def __iadd__(self, piece: bytes) -> Pieces:
-        self.pieces.append(piece)
+        pieces = self.pieces
+        if len(pieces) < MAX_PIECES:
+            pieces.append(piece)
+        else:
+            last = pieces[-1]
+            if type(last) is not bytearray:
+                last = pieces[-1] = bytearray(last)
+            last += piece
         self.size += len(piece)
         return self
 
@@ -83,12 +94,21 @@ class Pieces:
 
     def __bytes__(self) -> bytes:
         pieces = self.pieces
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[return-value]
 
 
-# A body with at least this much left to arrive after its headers' read is read by _BodyReader
-# (below it, the read's set-up costs more than the copies it saves).
+# The most pieces a ``Pieces`` keeps apart.
+MAX_PIECES = 32
+
+
+# A body with at least this much left to arrive when its route first reads it is read by
+# BodyReader (below it, the read's set-up costs more than the copies it saves).
 DIRECT_BODY_BYTES = 64 * 1024
+# BodyReader's buffer grows in parts as the body's bytes arrive: the first of FIRST_PART_BYTES,
+# each next one as large as what has arrived so far, up to PART_BYTES. What it holds is then
+# at most twice what was received plus FIRST_PART_BYTES, whatever the Content-Length promised.
+FIRST_PART_BYTES = 64 * 1024
+PART_BYTES = 4 << 20
 # The buffers kept between bodies (``Spare``): the memory a process holds for them at most.
 SPARE_BYTES = 32 << 20
 
@@ -117,42 +137,65 @@ class Spare:
 
 
 class BodyReader(asyncio.BufferedProtocol):
-    """The rest of a request body, read by the kernel straight into one buffer, from
-    ``filled`` on. While the body arrives this is the transport's protocol (uvloop reads into
-    the buffer a buffered protocol gives it); then the HTTP protocol is again (``body_read``,
-    handed the body as ``bytes``: one copy of the whole).
+    """The rest of a request body, ``size`` bytes in all, read by the kernel straight into
+    buffers, after ``unread`` (what the parser had of it). While the body arrives this is the
+    transport's protocol (uvloop reads into the buffer a buffered protocol gives it); then the
+    HTTP protocol is again (``body_read``, handed the body as ``bytes``: one copy of the whole).
 
     Through the parser, every piece of a large body is copied three times on the event loop:
     by uvloop, into a new ``bytes`` per read; by the parser, into another per body piece; and
     by the route, joining the pieces (stock uvicorn adds two, see ``Pieces``). The buffer ends
-    where the body does, so a pipelined request after it is read by the parser. It is kept for
-    the next body (``Spare``): a new one per body costs a page fault per 4 KiB, each time.
+    where the body does, so a pipelined request after it is read by the parser.
+
+    The buffer is taken in parts as bytes arrive (``FIRST_PART_BYTES``, ``PART_BYTES``), never
+    for the whole Content-Length at once: a client that promises 64 MiB and sends nothing holds
+    nothing (issue 62 item 1). The parts are kept for the next body (``Spare``): a new buffer
+    costs a page fault per 4 KiB, each time.
     """
 
-    __slots__ = ("filled", "http", "size", "spare", "storage", "view")
+    __slots__ = ("filled", "http", "part", "parts", "size", "spare", "start", "used")
 
     def __init__(self, http: BodyOwner, size: int, unread: bytes, spare: Spare) -> None:
         self.http, self.size, self.spare = http, size, spare
-        self.storage = spare.take(size)
-        self.view = memoryview(self.storage)[:size]
-        self.view[: len(unread)] = unread
-        self.filled = len(unread)
+        self.parts: list[bytearray] = []  # full, but for the last: ``part``
+        self.part = bytearray()  # being filled, from ``used``
+        self.used = 0
+        self.start = unread  # what the parser had, first in the body
+        self.filled = len(unread)  # of the body, with ``start``
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.view[self.filled :]
+        part, used = self.part, self.used
+        if used == len(part):  # full (or none yet): the next part, as bytes arrive
+            wanted = min(max(self.filled, FIRST_PART_BYTES), PART_BYTES)
+            part = self.part = self.spare.take(min(wanted, self.size - self.filled))
+            self.parts.append(part)
+            used = self.used = 0
+        # Never past the body's end: what follows it is the next request's, for the parser.
+        return memoryview(part)[used : used + self.size - self.filled]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.used += nbytes
         self.filled += nbytes
         if self.filled == self.size:
-            body = bytes(self.view)
-            self.view.release()
-            self.spare.give(self.storage)
-            self.http.body_read(body)
+            self.http.body_read(self._join())
+
+    def _join(self) -> bytes:
+        """The body as one ``bytes``; the parts are given back to the spare."""
+        parts = self.parts  # all full but the last
+        body = b"".join([self.start, *parts[:-1], memoryview(parts[-1])[: self.used]])
+        self._give_back()
+        return body
+
+    def _give_back(self) -> None:
+        for part in self.parts:
+            self.spare.give(part)
+        self.parts, self.part, self.used = [], bytearray(), 0
 
     # The connection's other events are the HTTP protocol's, but for the end of the client's
     # input: mid-body, its request can never complete, and the default, closing the
     # connection, is what the HTTP protocol would do (the loss then cancels the request).
     def connection_lost(self, exc: Exception | None) -> None:
+        self._give_back()
         self.http.connection_lost(exc)
 
     def pause_writing(self) -> None:

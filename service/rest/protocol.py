@@ -18,9 +18,14 @@ lost (reset, or closed by a timeout above) cancels its request's task, so work q
 client that has gone is dropped instead of run; the scope's ``CLIENT_GONE`` key tells the app
 that this cancellation is not a shutdown's.
 
+A request's body is read when its route asks for it, so after the route's credentials and its
+own limit (JSON or binary, ``service.rest.body``) have been decided; until then the parser
+holds at most uvicorn's 64 KiB of it and stops reading. What a body holds grows with the bytes
+that arrive, never with what its Content-Length promises (issue 62 item 1).
+
 Savings on every request: a response's head goes out with its body's first write
 (``HeadWithBody``), and a request body's pieces are handed on as they came (``Pieces``). A
-large body framed by Content-Length is read by the kernel straight into one buffer
+large body framed by Content-Length is read by the kernel straight into buffers
 (``BodyReader``), not copied piece by piece by the event loop, the parser and the route.
 
 This is the service's one use of a private module of a dependency: uvicorn bounds none of the
@@ -91,7 +96,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
         # Whether _read_rest_of_body is still to decide, once per request, who reads the rest
-        # of its body: set by the request's headers, cleared by the decision or the request's end.
+        # of its body: set by the request's headers, cleared by the decision (at the route's
+        # first read, ``_receiver``) or the request's end.
         self._body_undecided = False
         self._body_bytes = 0  # of the current request's body, parsed so far
         self._writer: HeadWithBody | None = None  # what the current request's answer goes to
@@ -154,15 +160,28 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._unparsed_bytes += len(data)
             if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
-        elif self._body_undecided and not self.pipeline:
-            self._body_undecided = False
-            self._read_rest_of_body()
+
+    def _receiver(self, cycle: Any) -> Any:
+        """``cycle``'s ``receive``, deciding at its first call who reads the rest of the body.
+
+        Not before: the route checks the request's credentials and its body's limit, then
+        reads; a body its route never reads (refused, or not yet asked for) is never given a
+        buffer, and the parser stops reading past uvicorn's 64 KiB (its flow control)."""
+        receive = cycle.receive
+
+        def first_then_receive() -> Any:
+            if self._body_undecided and cycle is self.cycle:
+                self._body_undecided = False
+                self._read_rest_of_body()
+            return receive()
+
+        return first_then_receive
 
     def _read_rest_of_body(self) -> None:
         """Have the rest of a large body framed by Content-Length read into the ``bytes`` the
         app will be handed, after what the app has not read yet of it (``BodyReader``); the
         app then gets the body in one message. A smaller, chunked or over-limit body stays
-        with the parser (an over-limit one is refused by the app, by its Content-Length)."""
+        with the parser (an over-limit one was refused by the app, by its Content-Length)."""
         length = None
         for name, value in self.headers:
             if name == b"content-length":
@@ -176,10 +195,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if rest < DIRECT_BODY_BYTES:
             return
         unread = bytes(cycle.body)
-        try:
-            reader = BodyReader(self, len(unread) + rest, unread, self.spare)
-        except MemoryError:  # not now: the parser reads it as it comes
-            return
+        reader = BodyReader(self, len(unread) + rest, unread, self.spare)
         cycle.body = bytearray()
         cycle.message_event.clear()  # nothing to read until the body is whole
         self.transport.set_protocol(reader)
@@ -208,6 +224,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             writer = self._writer = HeadWithBody(self.transport)
         writer.answer(cycle)
         cycle.transport = writer
+        cycle.receive = self._receiver(cycle)
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
