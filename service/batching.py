@@ -24,7 +24,7 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds every request
   parsed in between, which under load is most of the connections with a request in flight.
   When batches have held one request in a row, requests stop looking for company for a while,
-  longer each time a look finds none (``QUIET_MS``): meanwhile the data plane runs them as
+  longer each time a look finds none (``QUIET_MS``): meanwhile ``run`` runs them as
   batching off does, without calling the batcher (``bypass``), so a lone client does not wait
   for company that never comes, nor pay the batcher's bookkeeping. Handing a
   10-40 µs run to a thread and waking the loop again costs more than the run itself; one
@@ -271,7 +271,7 @@ class Batcher:
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
         # No company found lately (QUIET_MS): requests do not look for it. ``bypass``, the same
-        # inline, tells the data plane to run them itself, as batching off does; on threads,
+        # inline, tells ``run`` to run them alone, as batching off does; on threads,
         # ``infer`` hands each to a free instance at once.
         self.quiet = False
         self.bypass = False
