@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gelu_serve")
 
-# model-signing's mismatch report quotes each file; its digests' bytes are of no use in a log.
+# model-signing's mismatch report is the repr of a list of lines quoting each file (its quotes
+# escaped where a digest's bytes hold one); the digests' bytes are of no use in a log.
+_Q = r"\\?'"  # a quote, escaped or not
 _MISMATCHES = (
-    (re.compile(r"Hash mismatch for '([^']+)'"), "{} changed since it was signed"),
-    (re.compile(r"Extra files found in model '[^']*': ([^'\"\]]+)"), "{} not signed"),
-    (re.compile(r"Missing files in model '[^']*': ([^'\"\]]+)"), "{} signed but absent"),
+    (re.compile(rf"Hash mismatch for {_Q}([^'\\]+){_Q}"), "{} changed since it was signed"),
+    (re.compile(rf"Extra files found in model {_Q}[^']*{_Q}: ([^'\"\\\]]+)"), "{} not signed"),
+    (re.compile(rf"Missing files in model {_Q}[^']*{_Q}: ([^'\"\\\]]+)"), "{} signed but absent"),
 )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from contract.metadata import ModelMetadata
 from contract.model_config import (
+    MAX_CONFIG_BYTES,
     ConfigParseError,
     ModelConfig,
     derive_model_config,
@@ -38,9 +39,8 @@ logger = logging.getLogger("gelu_serve")
 
 # What one file of a model may hold. An ONNX file is one protobuf message, which cannot pass
 # 2 GiB (larger models need external data, which is not served: service.onnxrt); a
-# config.pbtxt of a few kilobytes is usual; a warm-up file is one sample.
+# config.pbtxt is bounded by its parser; a warm-up file is one sample.
 MAX_MODEL_FILE_BYTES = 2**31
-MAX_CONFIG_BYTES = 1 << 20
 MAX_WARMUP_FILE_BYTES = 64 << 20
 MAX_FILES = 1024  # in one version's view (config, warmup/, the version directory)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -200,11 +200,9 @@ def parse_config(raw: bytes, model_dir: Path) -> ModelConfig:
     ``ModelLoadError`` if not."""
     config_path = model_dir / CONFIG_FILENAME
     try:
-        config = load_model_config(raw.decode("utf-8"), model_dir.name)
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(f"{config_path}: not UTF-8 (byte {exc.start})") from None
-    except ConfigParseError as exc:
-        raise ModelLoadError(f"{config_path}: {exc}") from None
+        config = load_model_config(raw, model_dir.name, source=str(config_path))
+    except ConfigParseError as exc:  # it names the file and the line
+        raise ModelLoadError(str(exc)) from None
     if config.name != model_dir.name:
         raise ModelLoadError(f"{config_path}: name {config.name!r} != directory name")
     if config.platform not in (PLATFORM, ENSEMBLE_PLATFORM):

@@ -255,3 +255,20 @@ def test_what_is_verified_is_what_was_read(signed: tuple[Path, Path, Path]) -> N
     read.files["2/model.onnx"] = model[:-1] + bytes([model[-1] ^ 1])
     with pytest.raises(ModelLoadError, match=r"2/model\.onnx changed since it was signed"):
         verifier.check(read.files, read.signature, "digits-mlp/2")
+
+
+def test_a_refusal_names_files_whatever_their_digests_hold() -> None:
+    """model-signing reports a mismatch as the repr of a list, whose quotes are escaped when a
+    digest's bytes hold one: the reason names the files either way, never the digests."""
+    from service.signing import _reason
+
+    lines = [
+        "Hash mismatch for 'config.pbtxt': Expected 'Digest(b\\'x\"y\\')', Actual 'z'",
+        "Extra files found in model 'm': warmup/b",
+        "Missing files in model 'm': 1/model.onnx",
+    ]
+    assert "\\'config.pbtxt\\'" in str(lines)  # escaped, as model-signing's report can be
+    assert _reason(ValueError(f"Signature mismatch: {lines}")) == (
+        "config.pbtxt changed since it was signed; warmup/b not signed; "
+        "1/model.onnx signed but absent"
+    )
