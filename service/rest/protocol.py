@@ -42,6 +42,7 @@ from typing import Any
 
 import httptools
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service import codecs
@@ -97,7 +98,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._task: asyncio.Task[None] | None = None  # the current request's
         # Whether _read_rest_of_body is still to decide, once per request, who reads the rest
         # of its body: set by the request's headers, cleared by the decision (at the route's
-        # first read, ``_receiver``) or the request's end.
+        # first read, ``ReadWhenAsked``) or the request's end.
         self._body_undecided = False
         self._body_bytes = 0  # of the current request's body, parsed so far
         self._writer: HeadWithBody | None = None  # what the current request's answer goes to
@@ -106,6 +107,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = ReadWhenAsked(transport, self)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "too many open connections; try again shortly", retry_after=1)
             return
@@ -161,22 +163,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
 
-    def _receiver(self, cycle: Any) -> Any:
-        """``cycle``'s ``receive``, deciding at its first call who reads the rest of the body.
-
-        Not before: the route checks the request's credentials and its body's limit, then
-        reads; a body its route never reads (refused, or not yet asked for) is never given a
-        buffer, and the parser stops reading past uvicorn's 64 KiB (its flow control)."""
-        receive = cycle.receive
-
-        def first_then_receive() -> Any:
-            if self._body_undecided and cycle is self.cycle:
-                self._body_undecided = False
-                self._read_rest_of_body()
-            return receive()
-
-        return first_then_receive
-
     def _read_rest_of_body(self) -> None:
         """Have the rest of a large body framed by Content-Length read into the ``bytes`` the
         app will be handed, after what the app has not read yet of it (``BodyReader``); the
@@ -224,7 +210,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             writer = self._writer = HeadWithBody(self.transport)
         writer.answer(cycle)
         cycle.transport = writer
-        cycle.receive = self._receiver(cycle)
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -311,6 +296,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 lines.append(b"retry-after: %d" % retry_after)
             self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.transport.close()
+
+
+class ReadWhenAsked(FlowControl):
+    """uvicorn's flow control of a connection, which its request's ``receive`` calls on every
+    read, before it waits: the route's first read of a body decides who reads the rest of it
+    (``GuardedHttpProtocol._read_rest_of_body``).
+
+    Not before: the route checks the request's credentials and its body's limit, then reads; a
+    body its route never reads (refused, or not asked for yet) is given no buffer, and the
+    parser stops reading past uvicorn's 64 KiB of it. While requests wait in the pipeline, the
+    one being parsed is not the one reading (nor is it, after a response: uvicorn resumes
+    reading then too), so nothing is decided."""
+
+    def __init__(self, transport: asyncio.Transport, http: GuardedHttpProtocol) -> None:
+        super().__init__(transport)
+        self.http = http
+
+    def resume_reading(self) -> None:
+        http = self.http
+        if http._body_undecided and not http.pipeline:
+            http._body_undecided = False
+            http._read_rest_of_body()
+        if self.read_paused:  # as uvicorn's
+            self.read_paused = False
+            self._transport.resume_reading()
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:

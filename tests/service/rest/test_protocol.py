@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -220,3 +221,40 @@ def test_a_body_in_many_pieces_keeps_few_objects() -> None:
     single = Pieces()
     single += one
     assert bytes(single) is one  # one piece: handed on without a copy
+
+
+def test_a_pipelined_body_waits_for_its_own_route() -> None:
+    """A request pipelined behind one still being answered: its body is not given a reader
+    while the first request's route reads again or answers, only when its own route reads."""
+    received: list[Any] = []
+
+    async def main() -> None:
+        go = asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            received.append(await receive())
+            if len(received) == 1:  # it listens for a disconnect meanwhile, as Starlette's do
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(receive(), 0.05)
+                await go.wait()
+            await answer(send, 204)
+
+        protocol, transport = connected(app, ServerState())
+        body = os.urandom(300_000)
+        small = b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+        protocol.data_received(small + PROMISE % len(body) + body[:1000])
+        await settle()
+        assert received == [{"type": "http.request", "body": b"{}", "more_body": False}]
+        await asyncio.sleep(0.1)
+        assert transport.protocol is protocol and protocol.pipeline
+        go.set()
+        await settle()
+        reader = transport.protocol
+        assert isinstance(reader, BodyReader) and reader.filled == 1000
+        read_into(reader, body[1000:])
+        await settle()
+        assert received[1] == {"type": "http.request", "body": body, "more_body": False}
+        assert transport.written.count(b"HTTP/1.1 204 ") == 2
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
