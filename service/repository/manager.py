@@ -129,7 +129,7 @@ class ModelRepository:
         self._complete = (
             None
             if settings.strict_model_config
-            else config_completer(runtime, settings.default_max_batch_size)
+            else config_completer(runtime, settings.default_max_batch_size, self.verifier)
         )
 
     # ---- lookups -----------------------------------------------------------------------------

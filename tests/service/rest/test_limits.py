@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import itertools
 import json
@@ -14,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -323,102 +321,6 @@ def test_a_large_body_refused_by_its_length_is_passed_over(server: int) -> None:
         assert "GELU_MAX_JSON_BYTES" in json.loads(answer)["error"]
         head, answer = read_response(sock, rest=rest)
         assert head.startswith(b"HTTP/1.1 200 ") and json.loads(answer) == {"live": True}
-
-
-class FakeTransport:
-    """What ``GuardedHttpProtocol`` uses of uvloop's transport, recording writes and which
-    protocol the connection's reads go to."""
-
-    def __init__(self) -> None:
-        self.protocol: Any = None
-        self.written = b""
-        self.closed = False
-
-    def set_protocol(self, protocol: Any) -> None:
-        self.protocol = protocol
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-def test_the_body_reader_hands_the_app_the_whole_body() -> None:
-    """In process, reads as uvloop makes them for a buffered protocol: the app gets the whole
-    body in one message, as ``bytes`` made once from the buffer the reads went into, what came
-    with the headers at its start; the connection's reads go to the HTTP protocol again after
-    it. A connection lost mid-body is the HTTP protocol's loss."""
-    from uvicorn.config import Config
-    from uvicorn.server import ServerState
-
-    from service.rest.connection import BodyReader, ConnectionLimits
-    from service.rest.protocol import guarded_protocol
-
-    received: list[Any] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        received.append(await receive())
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def main() -> None:
-        config = Config(app=app, lifespan="off", log_level="warning")
-        config.load()
-        limits = ConnectionLimits(2, 5.0, 5.0, 5.0, 8192, 100, 1 << 20)
-        state, loop = ServerState(), asyncio.get_running_loop()
-
-        def connected() -> tuple[Any, FakeTransport]:
-            protocol = guarded_protocol(limits)(
-                config=config, server_state=state, app_state={}, _loop=loop
-            )
-            transport = FakeTransport()
-            protocol.connection_made(cast(asyncio.Transport, transport))
-            return protocol, transport
-
-        protocol, transport = connected()
-        body = os.urandom(300_000)
-        protocol.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
-        reader = transport.protocol
-        assert isinstance(reader, BodyReader)
-        for start in range(1000, len(body), 65536):
-            piece = body[start : start + 65536]
-            reader.get_buffer(-1)[: len(piece)] = piece
-            reader.buffer_updated(len(piece))
-        assert transport.protocol is protocol
-        protocol.data_received(b"GET / HTTP/1.1\r\n\r\n")  # the next request, by the parser
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert received[0] == {"type": "http.request", "body": body, "more_body": False}
-        assert type(received[0]["body"]) is bytes
-        assert protocol.spare.buffers == [reader.storage]  # kept for the next large body
-        assert protocol.spare.take(len(body)) is reader.storage
-        assert received[1] == {"type": "http.request", "body": b"", "more_body": False}
-        assert transport.written.count(b"HTTP/1.1 204 ") == 2
-
-        lost, transport = connected()
-        lost.data_received(b"POST / HTTP/1.1\r\nContent-Length: 300000\r\n\r\n" + body[:1000])
-        assert isinstance(transport.protocol, BodyReader) and lost in state.connections
-        transport.protocol.connection_lost(ConnectionResetError())
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert lost not in state.connections
-        assert lost._task.cancelled() and len(received) == 2  # its request was dropped
-        protocol.connection_lost(None)
-
-    asyncio.run(main())
 
 
 def test_malformed_http_gets_400_in_the_one_error_shape(server: int) -> None:
