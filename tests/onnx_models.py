@@ -132,3 +132,36 @@ def build_repository(root: Path) -> Path:
     write_model(root, "digits-mlp-tanh", 1, approximate="tanh")
     write_model(root, "digits-autoencoder", 1, task=RECONSTRUCTION)
     return root
+
+
+# A model with a variable dim (``dims: [ -1 ]``) that batches: y = factor * x, of any row
+# length (issue 62's batch-poisoning case).
+VARIABLE_CONFIG = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 2000 }}
+"""
+
+
+def write_scaling(folder: Path, factor: float) -> None:
+    """``folder/model.onnx``: y = factor * x, of any batch and row length."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "factor"], ["y"])],
+        "scaling",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+        initializer=[numpy_helper.from_array(np.array(factor, np.float32), "factor")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10  # what onnxruntime here reads
+    folder.mkdir(parents=True)
+    onnx.save(model, str(folder / MODEL_FILENAME))
+
+
+def write_variable(repository: Path, name: str, factor: float = 2.0) -> Path:
+    """A batching model named ``name`` with a variable dim (``VARIABLE_CONFIG``)."""
+    write_scaling(repository / name / "1", factor)
+    (repository / name / CONFIG_FILENAME).write_text(VARIABLE_CONFIG.format(name=name))
+    return repository / name

@@ -18,13 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
+from tests.onnx_models import write_scaling, write_variable
 from tests.servers import free_port, running
 
 pytestmark = pytest.mark.slow
@@ -33,13 +31,6 @@ HUGE = 2**31 - 1
 BOMB = [0, HUGE, HUGE, HUGE]  # an empty tensor whose dims multiply past what numpy can describe
 CLIENTS, PER_CLIENT = 32, 4
 
-VARLEN = """name: "varlen"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 2000 }
-"""
 SCALE = """name: "scale"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
@@ -66,28 +57,13 @@ response_cache { enable: true }
 """
 
 
-def write_scaling(folder: Path, factor: float) -> None:
-    """``model.onnx`` in ``folder``: y = factor * x, of any batch and row length."""
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "factor"], ["y"])],
-        "scaling",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
-        initializer=[numpy_helper.from_array(np.array(factor, np.float32), "factor")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 10  # what onnxruntime here reads
-    folder.mkdir(parents=True)
-    onnx.save(model, str(folder / "model.onnx"))
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("run_path")
-    write_scaling(root / "varlen" / "1", 2.0)
+    write_variable(root, "varlen")
     write_scaling(root / "scale" / "1", 2.0)
     (root / "chain" / "1").mkdir(parents=True)
-    for name, config in (("varlen", VARLEN), ("scale", SCALE), ("chain", CHAIN)):
+    for name, config in (("scale", SCALE), ("chain", CHAIN)):
         (root / name / "config.pbtxt").write_text(config)
     return root
 

@@ -9,10 +9,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import uvloop
-from onnx import TensorProto, helper, numpy_helper
 
 import service.batching
 from service.batching import PATIENCE, QUIET_MS, Batcher, Deadline, Runs, _Request
@@ -21,6 +19,7 @@ from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
+from tests.onnx_models import write_variable
 
 
 @pytest.fixture(scope="module")
@@ -552,31 +551,10 @@ def test_an_inline_batcher_runs_every_batch_on_the_loop(model, monkeypatch) -> N
     assert threads and all(t is threading.main_thread() for t in threads), threads
 
 
-# A model with a variable dim (``dims: [ -1 ]``) that batches: y = 2 x, of any row length.
-VARIABLE_CONFIG = """name: "varlen"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 2000 }
-"""
-
-
 @pytest.fixture(scope="module")
 def variable(tmp_path_factory: pytest.TempPathFactory) -> Model:
     root = tmp_path_factory.mktemp("variable")
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"])],
-        "varlen",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
-        initializer=[numpy_helper.from_array(np.array(2, np.float32), "two")],
-    )
-    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    onnx_model.ir_version = 10
-    (root / "varlen" / "1").mkdir(parents=True)
-    onnx.save(onnx_model, str(root / "varlen" / "1" / "model.onnx"))
-    (root / "varlen" / "config.pbtxt").write_text(VARIABLE_CONFIG)
+    write_variable(root, "varlen")
     return load_model(root, "varlen")
 
 
