@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any, Generic
 
+import anyio
+import anyio.to_thread
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -32,6 +35,7 @@ from onnx import TensorProto, helper
 
 from contract.names import EVALUATED_ACTIVATIONS
 from service.compiled import CompiledKernels, unavailable
+from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.formula import Builder, Formula, V
 from service.onnxrt import SessionFactory
 from service.runtime import largest_within, median_us
@@ -466,3 +470,115 @@ class ActivationEvaluator:
             median_us(partial(self.evaluate, name, x, derivative, kernel))
             for name, derivative, kernel in FUNCTIONS
         )
+
+
+class Activations:
+    """The core's activation service: the evaluator built at start-up, the names and kernels
+    it answers for, and where each evaluation runs (on the event loop when small, else on a
+    worker thread, as many at once as the cores hold)."""
+
+    def __init__(
+        self, max_elements: int, inline_max_us: int, warmup_runs: int, intra_op_threads: int
+    ) -> None:
+        self.max_elements = max_elements
+        self.inline_max_us = inline_max_us if warmup_runs else 0
+        self._evaluator: ActivationEvaluator | None = None
+        self._inline = 0  # arrays up to this many values evaluate on the event loop
+        # As many evaluations at once as the cores this process may use hold their threads
+        # (GELU_INTRA_OP_THREADS each): more would only share cores, and hold more inputs,
+        # outputs and intermediates in memory.
+        cores = len(os.sched_getaffinity(0))
+        self._threads = anyio.CapacityLimiter(max(1, cores // (intra_op_threads or cores)))
+
+    async def start(self, sessions: SessionFactory, compile: bool) -> None:
+        """Build the graphs (or compile the accurate kernel) off the event loop, then time how
+        large an array the loop may evaluate itself; ``ModelLoadError`` if they cannot be
+        built."""
+        evaluator = await anyio.to_thread.run_sync(ActivationEvaluator, sessions, compile)
+        logger.info("activations: the accurate kernel runs %s", evaluator.accurate)
+        self._inline = await self._inline_limit(evaluator)
+        self._evaluator = evaluator
+
+    def stop(self) -> None:
+        self._evaluator = None
+
+    @property
+    def started(self) -> bool:
+        return self._evaluator is not None
+
+    def formulas(self) -> list[tuple[str, str, str, list[str]]]:
+        """(name, formula, derivative's formula, the function's kernels) of every activation."""
+        return [
+            (a.name, a.formula, a.derivative_formula, list(kernels(a, derivative=False)))
+            for a in ACTIVATIONS.values()
+        ]
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the activation graphs run on."""
+        return self._started().providers
+
+    @property
+    def accurate(self) -> str:
+        """How the accurate kernel runs: compiled for which CPU, or on onnxruntime and why."""
+        return self._started().accurate
+
+    def check(self, name: str) -> None:
+        """404 for an activation that does not exist."""
+        if name not in ACTIVATIONS:
+            raise NotFoundError(f"unknown activation {name!r}; available: {', '.join(ACTIVATIONS)}")
+
+    def kernel(self, name: str, derivative: bool, kernel: str | None) -> str:
+        """The kernel to use (``accurate`` when none is named); 400 for one that cannot
+        evaluate ``name`` (or its derivative)."""
+        if kernel is None:
+            return ACCURATE
+        if kernel not in KERNELS:
+            raise BadInputError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+        if kernel not in kernels(ACTIVATIONS[name], derivative):
+            what = f"{name}'s derivative" if derivative else name
+            raise BadInputError(
+                f"no {kernel} kernel for {what}: no exported model runs it; use kernel=accurate"
+            )
+        return kernel
+
+    async def evaluate(
+        self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
+    ) -> np.ndarray:
+        """Activation ``name`` (or its derivative) elementwise: on the event loop for a small
+        array, on a thread otherwise."""
+        evaluator = self._started()
+        self.check(name)
+        if x.size > self.max_elements:
+            raise PayloadTooLargeError(
+                f"array of {x.size} values is above the maximum of {self.max_elements} "
+                "(GELU_MAX_ACTIVATION_ELEMENTS)"
+            )
+        if x.size <= self._inline:  # bounded: see _inline_limit
+            return evaluator.evaluate(name, x, derivative, kernel)
+        return await anyio.to_thread.run_sync(
+            evaluator.evaluate, name, x, derivative, kernel, limiter=self._threads
+        )
+
+    async def _inline_limit(self, evaluator: ActivationEvaluator) -> int:
+        """The largest array evaluated on the event loop, as for a model's batches
+        (``GELU_INLINE_MAX_US``): handing a few hundred values to a thread and waking the loop
+        again costs more than evaluating them; larger arrays go to a thread."""
+        if not self.inline_max_us:
+            return 0
+        bound = self.inline_max_us
+        limit, cost = await anyio.to_thread.run_sync(evaluator.largest_within, bound)
+        logger.info(
+            "activations: arrays up to %d values evaluate on the event loop (%s %.0f µs, "
+            "bound %d µs)",
+            limit,
+            f"{limit} values took" if limit else "256 values took",
+            cost,
+            bound,
+        )
+        return limit
+
+    def _started(self) -> ActivationEvaluator:
+        if self._evaluator is None:
+            raise NotReadyError("the service is not ready: the activation graphs are not built")
+        return self._evaluator

@@ -4,7 +4,7 @@
 batchers, statistics), the activation evaluator and the metrics. ``await start()`` loads what
 the model control mode names and builds the activation graphs; ``await stop()`` lets every
 version finish its requests. Every face (the FastAPI app, the gRPC server, a Ray Serve replica, the
-tests) translates its protocol to the calls here: ``infer``, ``activate``, ``model_metadata``,
+tests) translates its protocol to the calls here: ``infer``, ``activations``, ``model_metadata``,
 ``model_config``, ``statistics``; model control (load, unload, the index) is its own handler
 over the same repository, ``control`` (``service.control``).
 Requests are checked against the model here, once, so every face gives the same answer to the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +24,7 @@ import anyio.to_thread
 import numpy as np
 
 from service import __version__, batching, ensemble
-from service.activations import ACCURATE, ACTIVATIONS, KERNELS, ActivationEvaluator, kernels
+from service.activations import Activations
 from service.auth import Restrictions
 from service.batching import Deadline
 from service.cache import ResponseCache
@@ -119,12 +118,15 @@ class DataPlane:
         self.runtime = runtime  # what opens model files; onnxruntime on the settings' providers
         self.metrics = metrics or Metrics(settings.prometheus_multiproc_dir is not None)
         self.repository: ModelRepository | None = None
-        self._activations: ActivationEvaluator | None = None
+        self.activations = Activations(
+            settings.max_activation_elements,
+            settings.inline_max_us,
+            settings.warmup_runs,
+            settings.intra_op_threads,
+        )
         self._draining = False
         self._drain_listeners: list[Callable[[], object]] = []
         self._codec_threads: anyio.CapacityLimiter | None = None
-        self._activation_threads: anyio.CapacityLimiter | None = None
-        self._activation_inline = 0  # arrays up to this many values evaluate on the event loop
         self.on_demand: OnDemand | None = None  # GELU_MODEL_CONTROL_MODE=on_demand's loads
         # The repository extension; in on_demand mode its loads keep to the budget.
         self.control = ModelControl(settings, self._repository, lambda: self.on_demand)
@@ -173,14 +175,10 @@ class DataPlane:
                     await repository.stop()
                     raise StartupError(f"{exc} (GELU_EXIT_ON_ERROR=true)") from None
         try:
-            self._activations = await anyio.to_thread.run_sync(
-                ActivationEvaluator, sessions, settings.compile_activations
-            )
-            logger.info("activations: the accurate kernel runs %s", self._activations.accurate)
+            await self.activations.start(sessions, settings.compile_activations)
         except ModelLoadError as exc:
             await repository.stop()
             raise StartupError(str(exc)) from None
-        self._activation_inline = await self._activation_inline_limit(self._activations)
         if not repository.names():
             logger.warning("model repository %s: no model is serving", root)
         if settings.model_control_mode == "poll":
@@ -190,12 +188,6 @@ class DataPlane:
             self.on_demand.record()
         self.repository = repository
         self._codec_threads = anyio.CapacityLimiter(1)
-        # As many evaluations at once as the cores this process may use hold their threads
-        # (GELU_INTRA_OP_THREADS each): more would only share cores, and hold more inputs,
-        # outputs and intermediates in memory.
-        cores = len(os.sched_getaffinity(0))
-        per_evaluation = settings.intra_op_threads or cores
-        self._activation_threads = anyio.CapacityLimiter(max(1, cores // per_evaluation))
         # What start-up allocated lives as long as the process: keep the collector off it, so
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
@@ -223,7 +215,7 @@ class DataPlane:
 
     async def stop(self) -> None:
         """Stop polling; every version finishes its requests, then is released."""
-        self._activations = None
+        self.activations.stop()
         self.on_demand = None
         repository, self.repository = self.repository, None
         if repository is not None:
@@ -245,12 +237,12 @@ class DataPlane:
     @property
     def ready(self) -> bool:
         """True between a successful ``start()`` and ``stop()``, unless draining."""
-        return self._activations is not None and not self._draining
+        return self.activations.started and not self._draining
 
     # ---- models --------------------------------------------------------------------------------
 
     def _repository(self) -> ModelRepository:
-        if self.repository is None or self._activations is None:
+        if self.repository is None or not self.activations.started:
             raise NotReadyError("the service is not ready: its models are not loaded")
         return self.repository
 
@@ -556,81 +548,3 @@ class DataPlane:
         if size <= INLINE_CODEC_BYTES or self._codec_threads is None:
             return function(*args)
         return await anyio.to_thread.run_sync(function, *args, limiter=self._codec_threads)
-
-    # ---- activations ---------------------------------------------------------------------------
-
-    def activation_formulas(self) -> list[tuple[str, str, str, list[str]]]:
-        """(name, formula, derivative's formula, the function's kernels) of every activation."""
-        return [
-            (a.name, a.formula, a.derivative_formula, list(kernels(a, derivative=False)))
-            for a in ACTIVATIONS.values()
-        ]
-
-    def activation_providers(self) -> list[str]:
-        """The execution providers the activation graphs run on."""
-        return self._evaluator().providers
-
-    def accurate_kernel(self) -> str:
-        """How the accurate kernel runs: compiled for which CPU, or on onnxruntime and why."""
-        return self._evaluator().accurate
-
-    def check_activation(self, name: str) -> None:
-        """404 for an activation that does not exist."""
-        if name not in ACTIVATIONS:
-            raise NotFoundError(f"unknown activation {name!r}; available: {', '.join(ACTIVATIONS)}")
-
-    def check_kernel(self, name: str, derivative: bool, kernel: str | None) -> str:
-        """The kernel to use (``accurate`` when none is named); 400 for one that cannot
-        evaluate ``name`` (or its derivative)."""
-        if kernel is None:
-            return ACCURATE
-        if kernel not in KERNELS:
-            raise BadInputError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
-        if kernel not in kernels(ACTIVATIONS[name], derivative):
-            what = f"{name}'s derivative" if derivative else name
-            raise BadInputError(
-                f"no {kernel} kernel for {what}: no exported model runs it; use kernel=accurate"
-            )
-        return kernel
-
-    async def activate(
-        self, name: str, x: np.ndarray, derivative: bool = False, kernel: str = ACCURATE
-    ) -> np.ndarray:
-        """Evaluate activation ``name`` (or its derivative) elementwise: on the event loop for
-        a small array, on a thread otherwise."""
-        evaluator = self._evaluator()
-        self.check_activation(name)
-        limit = self.settings.max_activation_elements
-        if x.size > limit:
-            raise PayloadTooLargeError(
-                f"array of {x.size} values is above the maximum of {limit} "
-                "(GELU_MAX_ACTIVATION_ELEMENTS)"
-            )
-        if x.size <= self._activation_inline:  # bounded: see _activation_inline_limit
-            return evaluator.evaluate(name, x, derivative, kernel)
-        return await anyio.to_thread.run_sync(
-            evaluator.evaluate, name, x, derivative, kernel, limiter=self._activation_threads
-        )
-
-    async def _activation_inline_limit(self, evaluator: ActivationEvaluator) -> int:
-        """The largest array evaluated on the event loop, as for a model's batches
-        (``GELU_INLINE_MAX_US``): handing a few hundred values to a thread and waking the loop
-        again costs more than evaluating them; larger arrays go to a thread."""
-        bound = self.settings.inline_max_us
-        if not bound or not self.settings.warmup_runs:
-            return 0
-        limit, cost = await anyio.to_thread.run_sync(evaluator.largest_within, bound)
-        logger.info(
-            "activations: arrays up to %d values evaluate on the event loop (%s %.0f µs, "
-            "bound %d µs)",
-            limit,
-            f"{limit} values took" if limit else "256 values took",
-            cost,
-            bound,
-        )
-        return limit
-
-    def _evaluator(self) -> ActivationEvaluator:
-        if self._activations is None:
-            raise NotReadyError("the service is not ready: the activation graphs are not built")
-        return self._activations

@@ -34,12 +34,12 @@ async def list_activations(request: Request) -> Response:
     plane = get_plane(request)
     listing = [
         {"name": name, "formula": formula, "derivative": derivative, "kernels": kernels}
-        for name, formula, derivative, kernels in plane.activation_formulas()
+        for name, formula, derivative, kernels in plane.activations.formulas()
     ]
     body = {
         "activations": listing,
-        "providers": plane.activation_providers(),
-        "accurate_kernel": plane.accurate_kernel(),
+        "providers": plane.activations.providers,
+        "accurate_kernel": plane.activations.accurate,
     }
     return Response(codecs.dumps(body), media_type=codecs.JSON)
 
@@ -93,10 +93,10 @@ async def evaluate(request: Request, name: str) -> Response:
     query = request.query_params
     derivative = flag(query.get("derivative"), "derivative")
     kernel = query.get("kernel")
-    plane.check_activation(name)
+    plane.activations.check(name)
     body = await read_body(request)
     if (header(request, b"content-type") or "").startswith(codecs.OCTET_STREAM):
-        kernel = plane.check_kernel(name, derivative, kernel)
+        kernel = plane.activations.kernel(name, derivative, kernel)
         shape = header(request, codecs.SHAPE_HEADER_KEY) or query.get("shape")
         x = codecs.decode_activation_binary(body, shape)
         y = await _activate(request, plane, name, x, derivative, kernel)
@@ -106,7 +106,7 @@ async def evaluate(request: Request, name: str) -> Response:
         len(body), codecs.decode_activation_json, body
     )
     derivative = derivative or body_derivative
-    kernel = plane.check_kernel(name, derivative, kernel or body_kernel)
+    kernel = plane.activations.kernel(name, derivative, kernel or body_kernel)
     y = await _activate(request, plane, name, x, derivative, kernel)
     encoded = await plane.codec(
         len(body), codecs.encode_activation_json, name, derivative, kernel, y
@@ -117,10 +117,10 @@ async def evaluate(request: Request, name: str) -> Response:
 async def _activate(
     request: Request, plane: DataPlane, name: str, x: np.ndarray, derivative: bool, kernel: str
 ) -> np.ndarray:
-    """``plane.activate``, a ``compute`` stage of a traced request."""
+    """``plane.activations.evaluate``, a ``compute`` stage of a traced request."""
     trace = request.scope.get(TRACE)
     began = time.perf_counter_ns() if trace else 0
-    y = await plane.activate(name, x, derivative, kernel)
+    y = await plane.activations.evaluate(name, x, derivative, kernel)
     if trace is not None:
         trace.since("compute", began)
     return y

@@ -45,13 +45,13 @@ async def test_core_runs_inference_and_activations_without_fastapi(
         np.testing.assert_array_equal(result.outputs["probabilities"], want)
         assert list(result.outputs) == ["logits", "probabilities"]
 
-        y = await core.activate("gelu", np.array([-1.0, 0.0, 1.0], np.float32))
+        y = await core.activations.evaluate("gelu", np.array([-1.0, 0.0, 1.0], np.float32))
         np.testing.assert_allclose(y, [-0.15865526, 0.0, 0.8413447], rtol=1e-6)
     finally:
         await core.stop()
     assert not core.ready
     with pytest.raises(NotReadyError):
-        await core.activate("gelu", np.zeros(1, np.float32))
+        await core.activations.evaluate("gelu", np.zeros(1, np.float32))
 
 
 @pytest.mark.anyio
@@ -64,7 +64,7 @@ async def test_activations_run_one_at_a_time_per_core(
     core = DataPlane(settings_factory(inline_max_us=0))  # every array on a thread
     await core.start()
     try:
-        evaluator = core._evaluator()
+        evaluator = core.activations._started()
         running, most, lock = 0, 0, threading.Lock()
         evaluate = evaluator.evaluate
 
@@ -85,7 +85,7 @@ async def test_activations_run_one_at_a_time_per_core(
         cores = len(os.sched_getaffinity(0))
         async with anyio.create_task_group() as group:
             for _ in range(2 * cores + 2):  # more than the cores, on any machine
-                group.start_soon(core.activate, "gelu", x)
+                group.start_soon(core.activations.evaluate, "gelu", x)
         assert most == cores
     finally:
         await core.stop()
@@ -101,7 +101,7 @@ async def test_small_arrays_evaluate_on_the_event_loop(
     core = DataPlane(settings_factory(inline_max_us=bound_us))
     await core.start()
     try:
-        evaluator = core._evaluator()
+        evaluator = core.activations._started()
         threads: list[int] = []
         evaluate = evaluator.evaluate
 
@@ -110,11 +110,13 @@ async def test_small_arrays_evaluate_on_the_event_loop(
             return evaluate(*args)
 
         monkeypatch.setattr(evaluator, "evaluate", recorded)
-        limit = core._activation_inline
+        limit = core.activations._inline
         assert (limit == 0) if bound_us == 0 else (256 <= limit <= CHUNK)
         for size in (1, limit, limit + 1) if limit else (1, 1000):
             x = np.linspace(-3, 3, size, dtype=np.float32)
-            np.testing.assert_array_equal(await core.activate("gelu", x), evaluate("gelu", x))
+            np.testing.assert_array_equal(
+                await core.activations.evaluate("gelu", x), evaluate("gelu", x)
+            )
         on_loop = [t == threading.get_ident() for t in threads]
         assert on_loop == ([False, False] if bound_us == 0 else [True, True, False])
     finally:
@@ -148,9 +150,9 @@ async def test_core_checks_requests_against_the_model(settings_factory) -> None:
         with pytest.raises(NotFoundError, match="unknown model 'nope'"):
             await core.infer("nope", None, InferenceRequest([RequestInput(row, None)]))
         with pytest.raises(PayloadTooLargeError, match="GELU_MAX_ACTIVATION_ELEMENTS"):
-            await core.activate("gelu", np.zeros(11, np.float32))
+            await core.activations.evaluate("gelu", np.zeros(11, np.float32))
         with pytest.raises(NotFoundError, match="unknown activation 'swish'"):
-            await core.activate("swish", np.zeros(1, np.float32))
+            await core.activations.evaluate("swish", np.zeros(1, np.float32))
     finally:
         await core.stop()
 
