@@ -10,7 +10,16 @@ class, 403. gRPC reads the same header from the call's metadata (UNAUTHENTICATED
 PERMISSION_DENIED). Keys are compared in constant time (``hmac.compare_digest``), each against
 every key, and never logged. ``GELU_CONTROL_TOKEN`` is one case of this: the classes
 ``model-repository``, ``trace`` and ``logging`` behind ``Authorization: Bearer <token>``,
-unless ``GELU_RESTRICTED_API`` restricts them itself.
+unless ``GELU_RESTRICTED_API`` restricts them itself (left open, as TorchServe's management
+API was for ShellTorch, anyone who reaches the port could load and unload models).
+
+An HTTP request's class is that of the route the router dispatches it to (``HTTP_ROUTES``, by
+route template), found on the path the router matches: the request's path less the ASGI
+``root_path`` that a ``--root-path``, a Ray ``route_prefix`` or a mount puts before it. A
+class taken from the whole path let every restricted route answer without credentials under a
+root path (issue 62, item 6; the class of Starlette GHSA-86qp-5c8j-p5mr). A path that matches
+no route is ``UNMATCHED``, which needs every group's key: a disagreement between the classes
+and the router fails closed.
 """
 
 from __future__ import annotations
@@ -108,13 +117,25 @@ class Restrictions:
 
     def check(self, route_class: str, value_of: dict[str, str]) -> None:
         """Pass, or raise 401 / 403 for a request of ``route_class`` whose headers (or
-        metadata; lower-case names) are ``value_of``."""
-        group = self.by_class.get(route_class)
-        if group is None:
+        metadata; lower-case names) are ``value_of``. ``UNMATCHED`` needs a key of every
+        group: it is the most restrictive class there is."""
+        if route_class == UNMATCHED:
+            for every in self.groups:
+                self._check(every, route_class, value_of)
             return
+        group = self.by_class.get(route_class)
+        if group is not None:
+            self._check(group, route_class, value_of)
+
+    def _check(self, group: Group, route_class: str, value_of: dict[str, str]) -> None:
         given = value_of.get(group.header)
         if given is not None and _matches(given.encode(), group.keys):
             return
+        what = (
+            "this path matches no route, so it is restricted as every class"
+            if route_class == UNMATCHED
+            else f"{route_class} routes are restricted"
+        )
         if given is not None:
             for other in self.groups:
                 if (
@@ -122,12 +143,9 @@ class Restrictions:
                     and other.header == group.header
                     and _matches(given.encode(), other.keys)
                 ):
-                    raise ForbiddenError(
-                        f"{route_class} routes are restricted: this key is not for them"
-                    )
+                    raise ForbiddenError(f"{what}: this key is not for them")
         raise UnauthorizedError(
-            f"{route_class} routes are restricted: send the '{group.header}' header with a key "
-            f"for them ({group.hint})"
+            f"{what}: send the '{group.header}' header with a key for them ({group.hint})"
         )
 
 
@@ -139,21 +157,33 @@ def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
-# Routes by class: HTTP by method and path, gRPC by method name. Inference routes (the
-# direct ones) are "inference" without a lookup.
-INFERENCE = (
-    r"/v1/models/[^/]+(/versions/[^/]+)?:predict|/v2/models/[^/]+(/versions/[^/]+)?/infer"
-    r"|/v1/activations/[^/]+"
-)
-_HTTP = [
-    ("health", re.compile(r"/|/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready")),
-    ("metrics", re.compile(r"/metrics")),
-    ("model-repository", re.compile(r"/v2/repository/.*")),
-    ("statistics", re.compile(r"/v2/models/(stats|[^/]+(/versions/[^/]+)?/stats)")),
-    ("trace", re.compile(r"/v2(/models/[^/]+)?/trace/setting")),
-    ("logging", re.compile(r"/v2/logging")),
-    ("inference", re.compile(INFERENCE)),
-]
+# HTTP routes by class, each named by the template it is registered under (its
+# ``/versions/{version}`` form as the unversioned one). ``service.rest.routing.RouteClasses``
+# gives every route of the app its class from here when the app is built, and refuses to build
+# an app with a route missing here; a request is classed by the route the router dispatches it
+# to, never by a pattern of its own over the path (Starlette GHSA-86qp-5c8j-p5mr; issue 62,
+# item 6).
+HTTP_ROUTES = {
+    "/": "health", "/v2/health/live": "health", "/v2/health/ready": "health",
+    "/v2/models/{name}/ready": "health",
+    "/metrics": "metrics",
+    "/v2/repository/index": "model-repository",
+    "/v2/repository/models/{name}/load": "model-repository",
+    "/v2/repository/models/{name}/unload": "model-repository",
+    "/v2/models/stats": "statistics", "/v2/models/{name}/stats": "statistics",
+    "/v2/trace/setting": "trace", "/v2/models/{name}/trace/setting": "trace",
+    "/v2/logging": "logging",
+    "/v1/models/{name}:predict": "inference", "/v2/models/{name}/infer": "inference",
+    "/v1/activations/{name}": "inference",
+    "/v2": "metadata", "/v2/models": "metadata", "/v2/models/{name}": "metadata",
+    "/v2/models/{name}/config": "metadata", "/v1/models": "metadata",
+    "/v1/models/{name}": "metadata", "/v1/activations": "metadata",
+    "/openapi.json": "metadata", "/docs": "metadata", "/redoc": "metadata",
+    "/docs-assets": "metadata",
+}  # fmt: skip
+# A request no route answers: checked as every restricted class at once, so that a path the
+# router might dispatch where the classes do not expect fails closed.
+UNMATCHED = "unmatched"
 GRPC = {
     "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
     "Watch": "health", "ServerMetadata": "metadata", "ModelMetadata": "metadata",
@@ -164,10 +194,7 @@ GRPC = {
 }  # fmt: skip
 
 
-def http_class(method: str, path: str) -> str:
-    """The class of an HTTP route (everything not named above is metadata: models, the
-    server, activation listings, the API's documentation)."""
-    for name, pattern in _HTTP:
-        if pattern.fullmatch(path):
-            return name
-    return "metadata"
+def route_class(template: str) -> str:
+    """The class of the HTTP route registered under ``template``; ``KeyError`` for a route no
+    class names (an app with one is not built: see ``HTTP_ROUTES``)."""
+    return HTTP_ROUTES[template.replace("/versions/{version}", "")]

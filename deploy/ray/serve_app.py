@@ -4,6 +4,11 @@ Each replica builds the service's own host (``service.host.Host``) from the ``GE
 variables of its runtime environment: its serving core and HTTP app, with the same routes,
 codecs, batcher, limits and errors as ``gelu-serve serve``, behind Ray's HTTP proxy (Ray's
 ``serve.ingress()`` without an app takes the replica's from ``__serve_build_asgi_app__``).
+Ray calls that app itself for each request, so every request goes through the app's one
+envelope (``service.rest.routing.Envelope``: request id, credentials, metrics, access log);
+Ray's proxy passes the application's ``route_prefix`` as the ASGI ``root_path`` and the whole
+path, and the envelope classes a request on the path less it, as the router routes it, so
+any prefix guards the same routes (issue 62, item 6).
 
 Ray's gRPC proxy (``grpc_options`` in the config) calls a replica's methods by the names of
 the protocol's (``ModelInfer``, ...), with the decoded request: each is the gRPC face's own

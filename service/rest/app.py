@@ -8,7 +8,6 @@ the app accepts requests and stops it after the last one.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -25,8 +24,6 @@ from service.metrics import OPENMETRICS
 from service.rest import activations, v1, v2
 from service.rest.body import BodyLimitMiddleware
 from service.rest.middleware import (
-    CLIENT_GONE,
-    MetricsMiddleware,
     Receive,
     Scope,
     Send,
@@ -34,32 +31,33 @@ from service.rest.middleware import (
     quiet_startup_refusal,
 )
 from service.rest.openapi import add_openapi
-from service.rest.routing import DirectRoutes
+from service.rest.routing import DirectRoutes, Envelope, RouteClasses
 from service.settings import Settings, load_settings
 
 logger = logging.getLogger("gelu_serve")
 
 
 class ServiceApp(FastAPI):
-    """FastAPI, with the direct routes (inference and activations) served ahead of its
+    """FastAPI, with every HTTP request in one envelope (``service.rest.routing.Envelope``)
+    and the direct routes (inference and activations) served there, ahead of FastAPI's
     middleware stack; see ``service.rest.routing``. Middleware added with ``add_middleware``
     does not see them."""
 
-    direct_routes: DirectRoutes | None = None
+    envelope: Envelope | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        direct = self.direct_routes
-        try:
-            if direct is not None and direct.match(scope):
-                scope["app"] = self
-                await direct(scope, receive, send)
-            else:
-                await super().__call__(scope, receive, send)
-        except asyncio.CancelledError:
-            if not scope.get(CLIENT_GONE):
-                raise  # a shutdown's cancellation
-            # The connection cancelled the request of a client that has gone: nobody is left
-            # to answer, and there is nothing to log (see service.rest.protocol).
+        envelope = self.envelope
+        if envelope is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self.root_path:  # as FastAPI sets it, before the envelope reads the route path
+            scope["root_path"] = self.root_path
+        scope["app"] = self
+        await envelope(scope, receive, send)
+
+    async def routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own middleware stack and router, inside the envelope."""
+        await super().__call__(scope, receive, send)
 
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -123,16 +121,18 @@ def create_app(
         max_bytes=settings.max_body_bytes,
         max_json_bytes=settings.max_json_bytes,
     )
-    app.add_middleware(
-        MetricsMiddleware,
-        metrics=plane.metrics,
-        known=plane.knows_model,
+    # The routers are included without a prefix: their routes' paths are the app's.
+    direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]
+    # Built last: the classes are those of every route above (an unclassed one stops here).
+    app.envelope = Envelope(
+        app.routed,
+        DirectRoutes(direct, plane),
+        RouteClasses(app.router.routes),
+        plane.metrics,
+        plane.knows_model,
         access_log=settings.access_log,
         restrictions=plane.restrictions,
     )
-    # The routers are included without a prefix: their routes' paths are the app's.
-    direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]
-    app.direct_routes = DirectRoutes(direct, plane)
     # The router handles the lifespan scope; an instance attribute replaces its method there.
     app.router.lifespan = quiet_startup_refusal(app.router.lifespan)  # type: ignore[method-assign,assignment]
     return app

@@ -1,9 +1,9 @@
-"""The HTTP face's error handler and pure ASGI middleware: body limit, metrics, start-up
-refusals."""
+"""The HTTP face's error handler, the pieces of the request envelope
+(``service.rest.routing.Envelope``: request id, metrics, access log) and the lifespan's
+start-up refusals."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -15,9 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from service import codecs
-from service.auth import Restrictions, http_class
 from service.errors import (
-    CLIENT_CLOSED_REQUEST,
     BadInputError,
     ServiceError,
     StartupError,
@@ -26,6 +24,7 @@ from service.logs import (
     REQUEST_ID_HEADER,
     access,
     checked_request_id,
+    escape,
     new_request_id,
     request_id,
     wants_access,
@@ -70,18 +69,20 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, ClientDisconnect):  # nobody is left to answer; not our failure
         status, message = 400, "client disconnected before the body was complete"
     else:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        logger.exception("unhandled error on %s %s", request.method, escape(request.url.path))
         status, message = 500, "internal server error"
     return Response(
         error_body(message), status_code=status, headers=headers, media_type="application/json"
     )
 
 
-async def send_error(send: Send, error: ServiceError) -> None:
-    """Answer ``error`` directly on an ASGI ``send``, outside any framework."""
+async def send_error(send: Send, error: ServiceError, *extra: tuple[bytes, bytes]) -> None:
+    """Answer ``error`` directly on an ASGI ``send``, outside any framework (with ``extra``
+    headers)."""
     body = error_body(error.message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()]
+    headers += extra
     await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -116,57 +117,6 @@ def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
             raise
 
     return lifespan
-
-
-class MetricsMiddleware:
-    """Counts, times and tracks in-flight requests by route template and model (pure ASGI)."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        metrics: Metrics,
-        known: Callable[[str], bool],
-        access_log: bool = False,
-        restrictions: Restrictions | None = None,
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.known = known  # only a model the repository holds becomes a label value
-        self.access_log = access_log
-        self.restrictions = restrictions
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        start = time.perf_counter()
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", ()), request_id_header()]
-            await send(message)
-
-        self.metrics.request_started()
-        try:
-            try:
-                start_request_id(scope)
-                if self.restrictions is not None:
-                    route_class = http_class(scope["method"], scope["path"])
-                    self.restrictions.check(route_class, request_headers(scope))
-            except ServiceError as exc:
-                await send_error(send_status, exc)
-                return
-            await self.app(scope, receive, send_status)
-        except asyncio.CancelledError:
-            if scope.get(CLIENT_GONE) and status == 500:
-                status = CLIENT_CLOSED_REQUEST
-            raise
-        finally:
-            self.metrics.request_finished()
-            record_request(self.metrics, self.known, scope, status, start, self.access_log)
 
 
 def start_request_id(scope: Scope) -> None:

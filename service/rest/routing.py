@@ -8,8 +8,13 @@ FastAPI's middleware and routing: under load, FastAPI's and Starlette's layers (
 middleware, telemetry, body limit, exception middleware, exit stack, router, dependency
 resolution) cost more per request than a small model's run (py-spy under wrk; see
 docs/benchmarks.md). This is the one departure from FastAPI's usual way; a direct route still
-gets the service's body limit, metrics and error handler, and is documented in OpenAPI like any
-other route. It reads its own query parameters, if it has any, and documents them.
+gets the service's body limit and error handler, goes through the one envelope of every HTTP
+request (``service.rest.routing.Envelope``), and is documented in OpenAPI like any other
+route. It reads its own query parameters, if it has any, and documents them.
+
+``Envelope`` is that envelope: every HTTP request is opened and closed there once, whichever
+route serves it. ``RouteClasses`` classes a request for its credentials by the route the router
+dispatches it to (``service.auth``).
 """
 
 from __future__ import annotations
@@ -19,22 +24,26 @@ import inspect
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, get_route_path
 
-from service import codecs
+from service import auth, codecs
+from service.auth import UNMATCHED, Restrictions
 from service.dataplane import DataPlane
-from service.errors import CLIENT_CLOSED_REQUEST
+from service.errors import CLIENT_CLOSED_REQUEST, ServiceError
 from service.logs import request_id
+from service.metrics import Metrics
 from service.rest.body import BodyLimits
 from service.rest.middleware import (
     CLIENT_GONE,
     SERVED_VERSION,
     TRACE,
+    ASGIApp,
+    Message,
     Receive,
     Scope,
     Send,
@@ -42,6 +51,7 @@ from service.rest.middleware import (
     record_request,
     request_headers,
     request_id_header,
+    send_error,
     start_request_id,
 )
 from service.tracing import RequestTrace
@@ -102,17 +112,17 @@ class DirectRoute(APIRoute):
         # What is called: the endpoint itself, not the signature-only wrapper of an
         # unversioned path (that is for OpenAPI).
         self.direct_endpoint: Endpoint = getattr(endpoint, "__wrapped__", endpoint)
+        self.route_class = auth.route_class(path)  # KeyError: a route no class names
 
 
 class DirectRoutes:
-    """The app's direct routes, matched and called without FastAPI's per-request layers.
+    """The app's direct routes, matched and answered without FastAPI's per-request layers.
 
-    ``match(scope)`` claims a request (setting its route and path parameters in the scope, as
-    Starlette's router does); calling the instance serves it with what the app's middleware
-    gives every other route, in one layer: the body limits (``BodyLimits.admit``),
-    the request metrics (``record_request``) and the app's one error handler. The
-    endpoint's ``Response`` is sent as its status, headers and body, without a ``send``
-    wrapper to learn the status.
+    ``match`` claims a request (setting its route and path parameters in the scope, as
+    Starlette's router does) and ``respond`` answers it with what the app's middleware gives
+    every other route: the body limits (``BodyLimits.admit``) and the app's one error handler.
+    The request's envelope (``service.rest.routing.Envelope``: request id, credentials,
+    metrics, access log, trace, 499) is the same as every other route's.
     """
 
     def __init__(self, routes: list[BaseRoute], plane: DataPlane) -> None:
@@ -121,62 +131,45 @@ class DirectRoutes:
         ]
         settings = plane.settings
         self._limits = BodyLimits(settings.max_body_bytes, settings.max_json_bytes)
-        self._metrics, self._known = plane.metrics, plane.knows_model
-        self._access_log = settings.access_log
+        self._known = plane.knows_model
         self._plane = plane
-        self._restrictions = plane.restrictions
 
-    def match(self, scope: Scope) -> bool:
-        """Whether a direct route serves this request; if so, the scope now says which."""
-        if scope["type"] != "http":
-            return False
-        method, path = scope["method"], get_route_path(scope)
+    def match(self, scope: Scope, path: str) -> DirectRoute | None:
+        """The direct route that serves this request, whose route path (``get_route_path``)
+        is ``path``; the scope then says which, as the router's would."""
+        method = scope["method"]
         for regex, methods, route in self._routes:
             if method in methods and (found := regex.match(path)) is not None:
                 scope["route"] = route
                 scope["path_params"] = found.groupdict()
-                return True
-        return False
+                return route
+        return None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        metrics, status, start = self._metrics, 500, time.perf_counter()
-        trace = None if self._plane.tracing is None else self._begin_trace(scope)
-        metrics.request_started()
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
+        """The answer of the matched route's endpoint, or the error handler's: its body
+        within the limits."""
+        request = Request(scope, receive)
         try:
-            request = Request(scope, receive)
-            try:
-                start_request_id(scope)
-                if self._restrictions is not None:
-                    self._restrictions.check("inference", request_headers(scope))
-                admitted = await self._limits.admit(scope, receive)
-                if admitted is not receive:
-                    request = Request(scope, admitted)
-                response = await scope["route"].direct_endpoint(request, **scope["path_params"])
-            except Exception as exc:
-                response = await handle_error(request, exc)
-            status = response.status_code
-            headers = [*response.raw_headers, request_id_header()]
-            await send({"type": START, "status": status, "headers": headers})
-            await send({"type": BODY, "body": response.body})
-        except asyncio.CancelledError:
-            if scope.get(CLIENT_GONE) and status == 500:
-                status = CLIENT_CLOSED_REQUEST
-            raise
-        finally:
-            metrics.request_finished()
-            trace_id = None if trace is None else trace.trace_id
-            record_request(metrics, self._known, scope, status, start, self._access_log, trace_id)
-            if trace is not None:
-                trace.end(status, finished_attributes(scope, status), time.perf_counter_ns())
+            admitted = await self._limits.admit(scope, receive)
+            if admitted is not receive:
+                request = Request(scope, admitted)
+            response: Response = await scope["route"].direct_endpoint(
+                request, **scope["path_params"]
+            )
+            return response
+        except Exception as exc:
+            return await handle_error(request, exc)
 
-    def _begin_trace(self, scope: Scope) -> RequestTrace | None:
-        """The request's trace, if Triton's trace settings pick it: a span under the
+    def begin_trace(self, scope: Scope) -> RequestTrace | None:
+        """The matched request's trace, if Triton's trace settings pick it: a span under the
         caller's ``traceparent``, named by method and route as OpenTelemetry's HTTP
         conventions name it."""
+        tracing = self._plane.tracing
+        if tracing is None:
+            return None
         name = scope["path_params"].get("name", "")
         model = name if name and self._known(name) else ""
-        tracing = self._plane.tracing
-        if tracing is None or not self._plane.trace_settings.pick(model):
+        if not self._plane.trace_settings.pick(model):
             return None
         carrier = request_headers(scope)
         route = scope["route"].path
@@ -187,6 +180,155 @@ class DirectRoutes:
         if trace is not None:
             scope[TRACE] = trace
         return trace
+
+
+class Classed(NamedTuple):
+    """One route of the app, as ``RouteClasses`` matches it."""
+
+    regex: re.Pattern[str]
+    methods: frozenset[str]  # empty: every method (a mount)
+    route_class: str
+    route: BaseRoute
+
+
+class RouteClasses:
+    """Each HTTP request's credentials class (``service.auth``): that of the route the app's
+    router dispatches it to.
+
+    Built from the app's own routes, in the router's order (``iter_route_contexts`` walks
+    included routers as FastAPI's router and OpenAPI do), each with the regex the router
+    compiled for it; a request's route path is ``get_route_path(scope)``, Starlette's own
+    (the path less ``root_path``: Starlette GHSA-86qp-5c8j-p5mr, issue 62 item 6). As the
+    router: the first route whose path and method match, else the first whose path matches
+    (it answers 405), else none: ``UNMATCHED``, which fails closed. Path variants need no
+    rules of their own: a double slash, a case change or ``..`` matches what the router
+    matches (nothing, or a model name), ``%2F`` and other escapes are decoded by the server
+    before either sees the path, and a trailing slash is only a redirect. Building fails for a
+    route that ``service.auth.HTTP_ROUTES`` does not class.
+
+    Cost: one anchored regex per route until one matches (the scan the router makes itself),
+    each linear in the path; nothing is allocated but the regex's match object.
+    """
+
+    def __init__(self, routes: list[BaseRoute]) -> None:
+        self.routes: list[Classed] = []
+        for context in iter_route_contexts(routes):
+            template = context.path
+            regex = getattr(context, "path_regex", None)
+            if template is None or regex is None:
+                raise ValueError(f"{context.original_route!r}: a route without a path to class")
+            try:
+                route_class = auth.route_class(template)
+            except KeyError:
+                raise ValueError(
+                    f"the route {template} has no credentials class: name it in "
+                    "service.auth.HTTP_ROUTES"
+                ) from None
+            methods = frozenset(context.methods or ())
+            self.routes.append(Classed(regex, methods, route_class, context.original_route))
+
+    def match(self, method: str, path: str) -> Classed | None:
+        """The route the router dispatches ``method`` on route path ``path`` to, or None."""
+        partial = None
+        for classed in self.routes:
+            if classed.regex.match(path) is not None:
+                if not classed.methods or method in classed.methods:
+                    return classed
+                if partial is None:
+                    partial = classed
+        return partial
+
+
+class Envelope:
+    """The one envelope of every HTTP request: request id, credentials, metrics, access log,
+    trace and the 499 of a client that left, opened and closed here once per request.
+
+    ``ServiceApp`` hands it every HTTP request, a direct route's (``DirectRoutes``, answered
+    here) as a FastAPI route's (``app``: FastAPI's middleware and router), wherever the app is
+    served: ``gelu-serve serve``, ``uvicorn --root-path``, a Ray Serve replica behind its
+    ``route_prefix``, an ASGI mount. Credentials are decided once, before the request reaches
+    any route, by the class of the route the router will dispatch it to (``RouteClasses``),
+    found on the path the router matches (``get_route_path``: the path less ``root_path``).
+    Deciding it on ``scope["path"]`` let the control routes answer without the token under a
+    root path (issue 62, item 6; Starlette GHSA-86qp-5c8j-p5mr; Triton's CVE-2024-0087 and
+    TorchServe's ShellTorch are what an open control or logging route gives away).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        direct: DirectRoutes,
+        classes: RouteClasses,
+        metrics: Metrics,
+        known: Callable[[str], bool],
+        access_log: bool = False,
+        restrictions: Restrictions | None = None,
+    ) -> None:
+        self.app = app
+        self.direct = direct
+        self.classes = classes
+        self.metrics = metrics
+        self.known = known  # only a model the repository holds becomes a label value
+        self.access_log = access_log
+        self.restrictions = restrictions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metrics, status, start = self.metrics, 500, time.perf_counter()
+        route = self.direct.match(scope, get_route_path(scope))
+        trace = None if route is None else self.direct.begin_trace(scope)
+        metrics.request_started()
+        try:
+            try:
+                start_request_id(scope)
+                if self.restrictions is not None:
+                    self._check(scope, route, self.restrictions)
+            except ServiceError as exc:
+                status = exc.status_code
+                await send_error(send, exc, request_id_header())
+                return
+            if route is not None:
+                response = await self.direct.respond(scope, receive)
+                status = response.status_code
+                headers = [*response.raw_headers, request_id_header()]
+                await send({"type": START, "status": status, "headers": headers})
+                await send({"type": BODY, "body": response.body})
+                return
+
+            async def send_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == START:
+                    status = message["status"]
+                    message["headers"] = [*message.get("headers", ()), request_id_header()]
+                await send(message)
+
+            await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            if not scope.get(CLIENT_GONE):
+                raise  # a shutdown's cancellation
+            # The connection cancelled the request of a client that has gone (see
+            # service.rest.protocol): nobody is left to answer; it is counted with nginx's 499.
+            if status == 500:
+                status = CLIENT_CLOSED_REQUEST
+        finally:
+            metrics.request_finished()
+            trace_id = None if trace is None else trace.trace_id
+            record_request(metrics, self.known, scope, status, start, self.access_log, trace_id)
+            if trace is not None:
+                trace.end(status, finished_attributes(scope, status), time.perf_counter_ns())
+
+    def _check(self, scope: Scope, route: DirectRoute | None, restrictions: Restrictions) -> None:
+        """The request's credentials, for the class of the route it is dispatched to."""
+        if route is not None:
+            restrictions.check(route.route_class, request_headers(scope))
+            return
+        classed = self.classes.match(scope["method"], get_route_path(scope))
+        try:
+            route_class = UNMATCHED if classed is None else classed.route_class
+            restrictions.check(route_class, request_headers(scope))
+        except ServiceError:
+            if classed is not None:
+                scope["route"] = classed.route  # its refusals are counted under its template
+            raise
 
 
 def finished_attributes(scope: Scope, status: int) -> dict[str, Any]:

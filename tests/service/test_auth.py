@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.auth import CLASSES, http_class, parse
+from service.auth import CLASSES, UNMATCHED, Restrictions, parse, route_class
+from service.errors import ForbiddenError, UnauthorizedError
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.rest.app import create_app
 from service.settings import SettingsError, load_settings
 from tests.helpers import DIGITS, assert_error
-from tests.service.rest.test_limits import probed
-from tests.service.rest.test_server import free_port
+from tests.servers import free_port, probed
 
 PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
 # One request of each class: method, path, body.
@@ -33,7 +33,7 @@ HTTP = {
     "trace": ("GET", "/v2/trace/setting", None),
     "logging": ("GET", "/v2/logging", None),
 }
-KEYS = {name: f"key-of-{name}" for name in CLASSES}
+KEYS = {name: f"key-of-{name}-0123456789" for name in CLASSES}  # 16+ characters
 EVERY_CLASS = ";".join(f"{name}:x-api-key={key}" for name, key in KEYS.items())
 
 
@@ -64,14 +64,32 @@ def test_bad_groups_stop_the_start_without_showing_a_key(text: str, needle: str)
 
 
 def test_routes_fall_in_their_classes() -> None:
-    for name, (method, path, _) in HTTP.items():
-        assert http_class(method, path) == name
-    assert http_class("POST", "/v2/models/m/versions/2/infer") == "inference"
-    assert http_class("POST", "/v1/activations/gelu") == "inference"
-    assert http_class("GET", "/v1/activations") == "metadata"
-    assert http_class("GET", "/v2/models/m/versions/1/ready") == "health"
-    assert http_class("POST", "/v2/models/m/trace/setting") == "trace"
-    assert http_class("GET", "/docs") == "metadata"
+    for name, (_, path, _) in HTTP.items():
+        template = path.replace("digits-mlp", "{name}")
+        assert route_class(template) == name, path
+    assert route_class("/v2/models/{name}/versions/{version}/infer") == "inference"
+    assert route_class("/v1/activations/{name}") == "inference"
+    assert route_class("/v1/activations") == "metadata"
+    assert route_class("/v2/models/{name}/versions/{version}/ready") == "health"
+    assert route_class("/v2/models/{name}/trace/setting") == "trace"
+    assert route_class("/docs") == "metadata"
+    with pytest.raises(KeyError):
+        route_class("/v2/repository/models/{name}/delete")  # a route no class names
+
+
+def test_an_unmatched_path_needs_every_groups_key() -> None:
+    """A path no route answers is checked as every class (issue 62, item 6: fail closed)."""
+    restrictions = Restrictions(parse("inference:x-api-key=a;logging:x-admin-key=b"))
+    both = {"x-api-key": "a", "x-admin-key": "b"}
+    restrictions.check(UNMATCHED, both)
+    for headers in ({"x-api-key": "a"}, {"x-admin-key": "b"}, {}):
+        with pytest.raises(UnauthorizedError, match="matches no route"):
+            restrictions.check(UNMATCHED, headers)
+    with pytest.raises(ForbiddenError):  # the header is there, with the other group's key
+        Restrictions(parse("inference:x-api-key=a;logging:x-api-key=b")).check(
+            UNMATCHED, {"x-api-key": "a"}
+        )
+    restrictions.check("metadata", {})  # an open class stays open
 
 
 @pytest.mark.parametrize("restricted", CLASSES)
