@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 import time
 from contextvars import ContextVar
 from random import getrandbits
@@ -201,6 +202,28 @@ def wants_access(access_log: bool) -> bool:
 LOGS = LogControl()
 
 
+# What a client-given field may not carry into a log line as it is: the C0 controls (CR and
+# LF among them), DEL, the C1 controls (NEL among them), the Unicode line and paragraph
+# separators, and the double quote and backslash that would end or fake an escape or a quoted
+# field.
+_UNSAFE = re.compile(r'[\x00-\x1f\x7f-\x9f"\\\u2028\u2029]')
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` as a log line may carry it: each unsafe character written ``\\xHH`` (as
+    nginx writes them; ``\\uHHHH`` above U+00FF), so that a ``%0A`` in a path or a raw byte
+    can neither split a line nor forge one (issue 62, item 11). ``text`` itself when it has
+    none: one scan, nothing allocated."""
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(_escaped, text)
+
+
 def access(
     face: str,
     method: str,
@@ -211,7 +234,12 @@ def access(
     **fields: Any,
 ) -> None:
     """One access log line, the same fields on both faces: at INFO under GELU_ACCESS_LOG,
-    else at DEBUG (``log_verbose_level`` 1 and up)."""
+    else at DEBUG (``log_verbose_level`` 1 and up). The client's strings (method, path, the
+    fields') are ``escape``d, in the line and in the fields the JSON format writes."""
+    method, path = escape(method), escape(path)
+    for name, value in fields.items():
+        if isinstance(value, str):
+            fields[name] = escape(value)
     duration_ms = round(seconds * 1000, 3)
     logger.log(
         logging.INFO if access_log else logging.DEBUG,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.logs import LOGS, JsonFormatter, LogControl, logger
+from service.logs import LOGS, JsonFormatter, LogControl, escape, formatter, logger
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
 
@@ -87,10 +87,10 @@ def test_bad_log_settings_are_refused_whole(client: TestClient, change: dict, ne
 
 
 def test_log_settings_are_restricted_with_the_control_token(settings_factory) -> None:
-    app = create_app(settings_factory(control_token="s3cret"))
+    app = create_app(settings_factory(control_token="s3cret-0123456789"))
     with TestClient(app) as client:
         assert_error(client.get("/v2/logging"), 401, "Bearer")
-        ok = client.get("/v2/logging", headers={"Authorization": "Bearer s3cret"})
+        ok = client.get("/v2/logging", headers={"Authorization": "Bearer s3cret-0123456789"})
         assert ok.status_code == 200
 
 
@@ -105,6 +105,35 @@ def test_verbose_logs_each_request_under_its_id(client, caplog, verbose_off: Non
     assert line.levelno == logging.DEBUG and line.status == 200
     assert line.path == PREDICT and line.model == "digits-mlp"
     assert line.version and line.duration_ms > 0
+
+
+def test_unsafe_characters_are_escaped() -> None:
+    assert escape("/v2/models/m/infer") == "/v2/models/m/infer"  # as it was: nothing to do
+    assert escape("/a\nb\r\x00\x7f") == "/a\\x0ab\\x0d\\x00\\x7f"
+    assert escape('"q"\\') == "\\x22q\\x22\\x5c"
+    assert escape("\x85\x9b\u2028\u2029") == "\\x85\\x9b\\u2028\\u2029"
+    assert escape("café ß") == "café ß"  # printable text stays readable
+
+
+@pytest.mark.parametrize("log_format", ["default", "json"])
+def test_a_path_cannot_split_or_forge_an_access_line(
+    client: TestClient, caplog, verbose_off: None, log_format: str
+) -> None:
+    """``%0A`` (and CR, NUL, NEL, a quote) in a path: one access line, its path escaped
+    (issue 62, item 11)."""
+    caplog.set_level(logging.DEBUG, logger="gelu_serve")
+    client.post("/v2/logging", json={"log_verbose_level": 1})
+    forged = "/v2/models/x%0D%0A2026-01-01 00:00:00,000 INFO gelu_serve: forged%00%C2%85%22"
+    client.get(forged, headers={"X-Request-ID": "forger"})
+    client.post("/v2/logging", json={"log_verbose_level": 0})
+    (record,) = [r for r in caplog.records if getattr(r, "request_id", None) == "forger"]
+    line = formatter(log_format).format(record)
+    assert len(line.splitlines()) == 1 and "\x00" not in line and "\x85" not in line
+    assert (
+        record.path == "/v2/models/x\\x0d\\x0a2026-01-01 00:00:00,000 INFO gelu_serve: forged"
+        "\\x00\\x85\\x22"
+    )
+    assert record.status == 404
 
 
 def test_severities_turned_off_are_dropped(verbose_off: None) -> None:
