@@ -28,23 +28,18 @@ from service.activations import Activations
 from service.auth import Restrictions
 from service.batching import Deadline
 from service.cache import ResponseCache
-from service.codecs import cast
 from service.control import ModelControl
 from service.errors import (
-    BadInputError,
     ModelLoadError,
     NotFoundError,
     NotReadyError,
     OverloadedError,
-    PayloadTooLargeError,
     StartupError,
 )
 from service.inference import (
     InferenceRequest,
     InferenceResult,
     ModelInfo,
-    RequestInput,
-    RequestOutput,
 )
 from service.logs import LOGS
 from service.metrics import Metrics
@@ -53,8 +48,8 @@ from service.repository import ModelRepository
 from service.repository.demand import OnDemand, Residency
 from service.repository.layout import model_names
 from service.repository.manager import Served
-from service.runtime import Model, Runtime, dims_match
-from service.settings import PROVIDER_NAMES, Settings
+from service.runtime import Model, Runtime
+from service.settings import Settings
 from service.statistics import ModelStatistics
 from service.trace_settings import TraceSettings
 from service.tracing import Tracing
@@ -98,14 +93,6 @@ def top_classes(
         dtype=object,
     )
     return classes if batched else classes.reshape(-1)
-
-
-def instance_group(info: ModelInfo, cuda: dict[str, str] | None) -> dict[str, Any]:
-    """Triton's ``instance_group`` for a version: on the GPU its session's CUDA provider
-    (whose options in force are ``cuda``) runs on, or on the CPU."""
-    if cuda is None:
-        return {"kind": "KIND_CPU", "count": info.instance_count}
-    return {"kind": "KIND_GPU", "count": info.instance_count, "gpus": [int(cuda["device_id"])]}
 
 
 class DataPlane:
@@ -270,34 +257,7 @@ class DataPlane:
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's config.pbtxt as Triton's model configuration JSON."""
-        info = self.model_info(name, version)
-        config: dict[str, Any] = {
-            "name": info.name,
-            "platform": info.platform,
-            "max_batch_size": info.config_max_batch_size,
-            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                      for t in info.inputs],
-            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
-                       for t in info.outputs],
-        }  # fmt: skip
-        if info.dynamic_batching:
-            batching = {"max_queue_delay_microseconds": info.max_queue_delay_us}
-            config["dynamic_batching"] = batching
-        if info.ensemble_steps:  # Triton's: no instance of its own, its steps
-            config["ensemble_scheduling"] = {"step": info.ensemble_steps}
-            return config
-        cuda = info.provider_options.get(PROVIDER_NAMES["cuda"])
-        config["instance_group"] = [instance_group(info, cuda)]
-        if cuda is not None:
-            # Triton's place for the CUDA provider's options (its onnxruntime backend's).
-            accelerator = {"name": "cuda", "parameters": cuda}
-            config["optimization"] = {
-                "execution_accelerators": {"gpu_execution_accelerator": [accelerator]}
-            }
-            if info.cuda_graphs:  # in force only on CUDA
-                specs = [{"batch_size": b} for b in info.cuda_graphs]
-                config["optimization"]["cuda"] = {"graphs": True, "graph_spec": specs}
-        return config
+        return self.model_info(name, version).configuration()
 
     def server_metadata(self) -> dict[str, Any]:
         """The server's name, version and protocol extensions."""
@@ -343,8 +303,8 @@ class DataPlane:
         served.last_used = began  # on_demand unloads the least recently used
         try:
             model = served.model
-            inputs = self._check_inputs(model, request.inputs)
-            outputs = self._check_outputs(model, request)
+            inputs = model.checked_inputs(request.inputs, self._repository().max_batch(model))
+            outputs = model.checked_outputs(request)
             names = None if outputs is None else [o.name for o in outputs]
             batched = model.config.max_batch_size > 0
             batch = len(next(iter(inputs.values()))) if batched else 1
@@ -459,80 +419,6 @@ class DataPlane:
         cache.put(key, results, owners)
         statistics.cache_miss.ns += time.perf_counter_ns() - began  # a miss: lookup + insertion
         self.metrics.cache_bytes.set(cache.used)
-
-    def _check_inputs(self, model: Model, given: list[RequestInput]) -> dict[str, np.ndarray]:
-        """Names, datatypes, shapes, batch sizes and limits against the model."""
-        declared = model.input_configs
-        batched = model.config.max_batch_size > 0
-        inputs: dict[str, np.ndarray] = {}
-        for tensor in given:
-            if tensor.name is None:  # V1: the model's only input
-                if len(declared) != 1:
-                    raise BadInputError(
-                        f"model {model.name!r} takes inputs {sorted(declared)}: name them (V2)"
-                    )
-                config = next(iter(declared.values()))
-                array = cast(tensor.array, config.numpy_dtype, tensor.describe())
-            else:
-                config = declared.get(tensor.name)  # type: ignore[assignment]
-                if config is None:
-                    raise BadInputError(
-                        f"unknown input {tensor.name!r} for model {model.name!r}; "
-                        f"expected {sorted(declared)}"
-                    )
-                if tensor.datatype != config.datatype:
-                    raise BadInputError(
-                        f"{tensor.describe()}: datatype {tensor.datatype!r} does not match "
-                        f"the model's {config.datatype}"
-                    )
-                array = tensor.array
-            what = tensor.describe()
-            if config.name in inputs:
-                raise BadInputError(f"{what} appears twice")
-            if not batched:  # max_batch_size 0: the shape is the model's, whole
-                if not dims_match(array.shape, config.dims):
-                    raise BadInputError(
-                        f"{what}: shape {list(array.shape)} does not match the model's "
-                        f"{list(config.dims)} (it has no batch axis)"
-                    )
-                inputs[config.name] = array
-                continue
-            if array.ndim >= 1 and len(array) == 0:
-                raise BadInputError("empty batch: send at least one instance")
-            if array.ndim == 0 or (
-                array.shape[1:] != config.dims and not dims_match(array.shape[1:], config.dims)
-            ):
-                raise BadInputError(
-                    f"{what}: shape {list(array.shape)} does not match the model's "
-                    f"[-1, {', '.join(map(str, config.dims))}] (each instance must have shape "
-                    f"{list(config.dims)})"
-                )
-            maximum = self._repository().max_batch(model)
-            if maximum and len(array) > maximum:
-                raise PayloadTooLargeError(
-                    f"batch of {len(array)} is above the maximum of {maximum}"
-                )
-            inputs[config.name] = array
-        missing = [n for n in declared if n not in inputs]
-        if missing:
-            raise BadInputError(f"missing input(s) {missing} for model {model.name!r}")
-        if batched and len({len(a) for a in inputs.values()}) > 1:
-            raise BadInputError("inputs have different batch sizes")
-        return inputs
-
-    @staticmethod
-    def _check_outputs(model: Model, request: InferenceRequest) -> list[RequestOutput] | None:
-        """The outputs asked for, each known to the model; None for every output (the common
-        case, which then costs no per-output records)."""
-        if request.outputs is None:
-            return None
-        for output in request.outputs:
-            if output.name not in model.output_names:
-                raise BadInputError(
-                    f"unknown output {output.name!r} for model {model.name!r}; "
-                    f"expected {model.output_names}"
-                )
-        return request.outputs
 
     # ---- wire formats --------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from service.settings import PROVIDER_NAMES
+
 # The per-request types are plain slotted dataclasses: frozen ones cost more to build, on every
 # request (docs/performance.md, "The batcher's constants, and other measured choices").
 
@@ -97,6 +99,36 @@ class ModelInfo:
     ensemble_steps: list[dict[str, Any]] = field(default_factory=list)
     cuda_graphs: tuple[int, ...] = ()  # optimization.cuda.graphs' batch sizes, when asked
 
+    def configuration(self) -> dict[str, Any]:
+        """This version's config.pbtxt as Triton's model configuration JSON."""
+        config: dict[str, Any] = {
+            "name": self.name,
+            "platform": self.platform,
+            "max_batch_size": self.config_max_batch_size,
+            "input": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
+                      for t in self.inputs],
+            "output": [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims}
+                       for t in self.outputs],
+        }  # fmt: skip
+        if self.dynamic_batching:
+            batching = {"max_queue_delay_microseconds": self.max_queue_delay_us}
+            config["dynamic_batching"] = batching
+        if self.ensemble_steps:  # Triton's: no instance of its own, its steps
+            config["ensemble_scheduling"] = {"step": self.ensemble_steps}
+            return config
+        cuda = self.provider_options.get(PROVIDER_NAMES["cuda"])
+        config["instance_group"] = [instance_group(self, cuda)]
+        if cuda is not None:
+            # Triton's place for the CUDA provider's options (its onnxruntime backend's).
+            accelerator = {"name": "cuda", "parameters": cuda}
+            config["optimization"] = {
+                "execution_accelerators": {"gpu_execution_accelerator": [accelerator]}
+            }
+            if self.cuda_graphs:  # in force only on CUDA
+                specs = [{"batch_size": b} for b in self.cuda_graphs]
+                config["optimization"]["cuda"] = {"graphs": True, "graph_spec": specs}
+        return config
+
     def metadata(self, one_version: bool = False) -> dict[str, Any]:
         """The Open Inference Protocol's model metadata, as every face reports it: the model's
         versions (only this one's when ``one_version``), platform and tensors. A model that
@@ -127,3 +159,11 @@ class InferenceResult:
     def as_binary(self, name: str) -> bool:
         """Whether output ``name`` is asked for as raw bytes."""
         return self.binary.get(name, self.binary_default)
+
+
+def instance_group(info: ModelInfo, cuda: dict[str, str] | None) -> dict[str, Any]:
+    """Triton's ``instance_group`` for a version: on the GPU its session's CUDA provider
+    (whose options in force are ``cuda``) runs on, or on the CPU."""
+    if cuda is None:
+        return {"kind": "KIND_CPU", "count": info.instance_count}
+    return {"kind": "KIND_GPU", "count": info.instance_count, "gpus": [int(cuda["device_id"])]}

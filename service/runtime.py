@@ -19,7 +19,9 @@ import numpy as np
 
 from contract.metadata import ModelMetadata
 from contract.model_config import ModelConfig, TensorConfig, Warmup, WarmupInput
-from service.errors import ModelLoadError
+from service.codecs import cast
+from service.errors import BadInputError, ModelLoadError, PayloadTooLargeError
+from service.inference import InferenceRequest, RequestInput, RequestOutput
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,80 @@ class Model:
         names = outputs or self.output_names
         results = self.session.run(names, inputs)
         return dict(zip(names, results, strict=True))
+
+    def checked_inputs(self, given: list[RequestInput], maximum: int) -> dict[str, np.ndarray]:
+        """A request's inputs by name: names, datatypes, shapes and batch sizes checked against
+        this version, and a batch of at most ``maximum`` rows (0: no bound); ``BadInputError`` or
+        ``PayloadTooLargeError`` saying what is wrong."""
+        declared = self.input_configs
+        batched = self.config.max_batch_size > 0
+        inputs: dict[str, np.ndarray] = {}
+        for tensor in given:
+            if tensor.name is None:  # V1: the model's only input
+                if len(declared) != 1:
+                    raise BadInputError(
+                        f"model {self.name!r} takes inputs {sorted(declared)}: name them (V2)"
+                    )
+                config = next(iter(declared.values()))
+                array = cast(tensor.array, config.numpy_dtype, tensor.describe())
+            else:
+                config = declared.get(tensor.name)  # type: ignore[assignment]
+                if config is None:
+                    raise BadInputError(
+                        f"unknown input {tensor.name!r} for model {self.name!r}; "
+                        f"expected {sorted(declared)}"
+                    )
+                if tensor.datatype != config.datatype:
+                    raise BadInputError(
+                        f"{tensor.describe()}: datatype {tensor.datatype!r} does not match "
+                        f"the model's {config.datatype}"
+                    )
+                array = tensor.array
+            what = tensor.describe()
+            if config.name in inputs:
+                raise BadInputError(f"{what} appears twice")
+            if not batched:  # max_batch_size 0: the shape is the model's, whole
+                if not dims_match(array.shape, config.dims):
+                    raise BadInputError(
+                        f"{what}: shape {list(array.shape)} does not match the model's "
+                        f"{list(config.dims)} (it has no batch axis)"
+                    )
+                inputs[config.name] = array
+                continue
+            if array.ndim >= 1 and len(array) == 0:
+                raise BadInputError("empty batch: send at least one instance")
+            if array.ndim == 0 or (
+                array.shape[1:] != config.dims and not dims_match(array.shape[1:], config.dims)
+            ):
+                raise BadInputError(
+                    f"{what}: shape {list(array.shape)} does not match the model's "
+                    f"[-1, {', '.join(map(str, config.dims))}] (each instance must have shape "
+                    f"{list(config.dims)})"
+                )
+            if maximum and len(array) > maximum:
+                raise PayloadTooLargeError(
+                    f"batch of {len(array)} is above the maximum of {maximum}"
+                )
+            inputs[config.name] = array
+        missing = [n for n in declared if n not in inputs]
+        if missing:
+            raise BadInputError(f"missing input(s) {missing} for model {self.name!r}")
+        if batched and len({len(a) for a in inputs.values()}) > 1:
+            raise BadInputError("inputs have different batch sizes")
+        return inputs
+
+    def checked_outputs(self, request: InferenceRequest) -> list[RequestOutput] | None:
+        """The outputs asked for, each known to the model; None for every output (the common
+        case, which then costs no per-output records)."""
+        if request.outputs is None:
+            return None
+        for output in request.outputs:
+            if output.name not in self.output_names:
+                raise BadInputError(
+                    f"unknown output {output.name!r} for model {self.name!r}; "
+                    f"expected {self.output_names}"
+                )
+        return request.outputs
 
     def close(self) -> None:
         """Release the session (its requests have finished)."""

@@ -15,8 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.cuda import dynamic_entries, provider_unloadable, unresolved
-from service.dataplane import instance_group
-from service.inference import ModelInfo
+from service.inference import ModelInfo, instance_group
 from service.rest.app import create_app
 from service.settings import Settings
 from tests.helpers import DIGITS
