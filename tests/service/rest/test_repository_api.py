@@ -116,14 +116,14 @@ def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
 
 def test_the_repository_api_can_be_restricted(settings_factory) -> None:
     settings = settings_factory(
-        model_control_mode="explicit", load_models=["*"], control_token="s3cret"
+        model_control_mode="explicit", load_models=["*"], control_token="s3cret-0123456789"
     )
     with TestClient(create_app(settings)) as restricted:
         for path in ("/v2/repository/index", "/v2/repository/models/digits-mlp/unload"):
             assert_error(restricted.post(path), 401, "GELU_CONTROL_TOKEN")
             wrong = {"Authorization": "Bearer guess"}
             assert_error(restricted.post(path, headers=wrong), 401, "restricted")
-        right = {"Authorization": "Bearer s3cret"}
+        right = {"Authorization": "Bearer s3cret-0123456789"}
         assert restricted.post("/v2/repository/index", headers=right).status_code == 200
         assert predict(restricted, "digits-mlp") == 200  # inference is not restricted
         response = restricted.post("/v2/repository/models/digits-mlp/unload", headers=right)
