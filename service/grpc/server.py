@@ -100,10 +100,6 @@ MAX_DETAILS_CHARS = 512
 # batch for the small models' batchers on the loop, few enough that a stream holds about what a
 # connection does (and no more than GELU_MAX_BODY_BYTES of requests, ``Window``).
 STREAM_WINDOW = 64
-# HTTP/2 streams (calls of any kind) one connection may have open: the least RFC 9113 advises
-# (SETTINGS_MAX_CONCURRENT_STREAMS); a client past it waits for one of its calls to end, so one
-# connection never holds more of the server's calls in flight than this.
-HTTP2_STREAMS_PER_CONNECTION = 100
 Reply = TypeVar("Reply")
 Started = asyncio.Queue[tuple[asyncio.Task[Any], int, str] | None]  # a stream's, in order
 
@@ -820,7 +816,11 @@ class GrpcServer:
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
             ("grpc.server_handshake_timeout_ms", round(limits.header_timeout_seconds * 1000)),
             ("grpc.max_connection_idle_ms", round(limits.keep_alive_seconds * 1000)),
-            ("grpc.max_concurrent_streams", HTTP2_STREAMS_PER_CONNECTION),
+            # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (grpc.max_concurrent_streams) stays
+            # grpcio's, unbounded: it counts unary calls and streams alike, and a client that
+            # opens more before it has read the server's SETTINGS has the rest reset
+            # (REFUSED_STREAM: UNAVAILABLE to it; at 100, 620 of 1,024 streams opened at once).
+            # Streams are held per connection by the envelope instead (``Streams``).
             # Each worker of `serve --workers N` binds the same port; a lone process must not
             # share its port with another server by accident.
             ("grpc.so_reuseport", 1 if share_port else 0),

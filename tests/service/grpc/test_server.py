@@ -113,8 +113,10 @@ async def _served(server: GrpcServer, service: ServiceDescriptor, method: Any, r
 
 
 async def _refused(call: Any) -> Aborted:
+    """How ``call`` was refused (a call served instead fails the test, within 10 s: a stream
+    let in would wait for its client)."""
     with pytest.raises(Aborted) as refused:
-        await call
+        await asyncio.wait_for(call, 10)
     return refused.value
 
 
