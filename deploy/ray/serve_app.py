@@ -52,6 +52,10 @@ class _RayContext:
     def invocation_metadata(self) -> Any:
         return self._context.invocation_metadata()
 
+    def peer(self) -> str:
+        """The client's connection, as Ray's proxy saw it: its streams' share is counted by it."""
+        return str(self._context.peer())
+
     def set_trailing_metadata(self, metadata: Any) -> None:
         """The request id comes back as trailing metadata (Ray's proxy adds its own)."""
         self._context.set_trailing_metadata(list(metadata))

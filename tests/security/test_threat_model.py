@@ -1,0 +1,45 @@
+"""docs/security.md's threat model names, for each claim, the tests that hold it: each named
+test module and test exists, so a claim cannot outlive its test."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "security.md"
+
+
+def threat_model() -> str:
+    text = PAGE.read_text()
+    start = text.index("## Threat model")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def references(section: str) -> list[tuple[Path, str | None]]:
+    """Every ``path.py`` or ``path.py::test_name`` in backticks; a bare file name is under
+    tests/security/, and a name ending in ``*`` is a prefix."""
+    found = []
+    for module, name in re.findall(r"`((?:tests/)?[\w/]+\.py)(?:::(\w+\*?))?`", section):
+        path = ROOT / module if module.startswith("tests/") else ROOT / "tests/security" / module
+        found.append((path, name or None))
+    return found
+
+
+def test_every_test_the_threat_model_names_exists() -> None:
+    named = references(threat_model())
+    assert len(named) > 15, named  # the tables were read
+    for path, name in named:
+        assert path.is_file(), path
+        if name is None:
+            continue
+        tests = {
+            node.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        prefix = name.removesuffix("*")
+        assert any(t == name or (name.endswith("*") and t.startswith(prefix)) for t in tests), (
+            f"{path.relative_to(ROOT)} has no {name}"
+        )
