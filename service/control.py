@@ -1,17 +1,23 @@
 """Model control, Triton's model repository extension: load, unload and the index, and who
 may call them. A handler of its own over the live repository (as MLServer's
-``handlers/model_repository.py``), apart from inference: both faces call it, the HTTP face under
-``/v2/repository`` and the gRPC face as ``Repository*``.
+``handlers/model_repository.py``), apart from inference and not a part of the core: whoever
+composes the service (``service.host.Host``, ``create_app`` alone, a Ray replica) builds one
+over the core's repository (``ModelControl.over``) and hands it to each face, the HTTP face
+serving it under ``/v2/repository`` and the gRPC face as ``Repository*``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from service.errors import BadInputError, LoadFailedError, ModelLoadError, NotReadyError
 from service.repository import ModelRepository
 from service.repository.demand import OnDemand
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.dataplane import DataPlane
 
 # Triton's answer to a load or unload outside explicit mode.
 CONTROL_FORBIDDEN = "explicit model load / unload is not allowed if polling is enabled"
@@ -33,6 +39,12 @@ class ModelControl:
         self.settings = settings
         self._repository = repository
         self._on_demand = on_demand
+
+    @classmethod
+    def over(cls, core: DataPlane) -> ModelControl:
+        """Control of ``core``'s repository while it is started (503 before and after), with
+        its on_demand budget in that mode."""
+        return cls(core.settings, core.started_repository, lambda: core.on_demand)
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the repository with its versions' states and reasons."""

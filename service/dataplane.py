@@ -5,8 +5,9 @@ batchers, statistics), the activation evaluator and the metrics. ``await start()
 the model control mode names and builds the activation graphs; ``await stop()`` lets every
 version finish its requests. Every face (the FastAPI app, the gRPC server, a Ray Serve replica, the
 tests) translates its protocol to the calls here: ``infer``, ``activations``, ``model_metadata``,
-``model_config``, ``statistics``; model control (load, unload, the index) is its own handler
-over the same repository, ``control`` (``service.control``).
+``model_config``, ``statistics``. Model control (load, unload, the index) is not the core's:
+it is its own handler over the same repository (``service.control``), which whoever composes
+the service builds and hands to each face.
 Requests are checked against the model here, once, so every face gives the same answer to the
 same mistake.
 """
@@ -28,7 +29,6 @@ from service.activations import Activations
 from service.auth import Restrictions
 from service.batching import Deadline
 from service.cache import ResponseCache
-from service.control import ModelControl
 from service.errors import (
     ModelLoadError,
     NotFoundError,
@@ -115,8 +115,6 @@ class DataPlane:
         self._drain_listeners: list[Callable[[], object]] = []
         self._codec_threads: anyio.CapacityLimiter | None = None
         self.on_demand: OnDemand | None = None  # GELU_MODEL_CONTROL_MODE=on_demand's loads
-        # The repository extension; in on_demand mode its loads keep to the budget.
-        self.control = ModelControl(settings, self._repository, lambda: self.on_demand)
         self.logs = LOGS  # the logging extension: the process's, configured as the app starts
         # Credentials by route class (GELU_RESTRICTED_API, GELU_CONTROL_TOKEN); None: all open.
         self.restrictions = Restrictions.from_settings(settings)
@@ -228,14 +226,15 @@ class DataPlane:
 
     # ---- models --------------------------------------------------------------------------------
 
-    def _repository(self) -> ModelRepository:
+    def started_repository(self) -> ModelRepository:
+        """The live repository; 503 (``NotReadyError``) before ``start()`` and after ``stop()``."""
         if self.repository is None or not self.activations.started:
             raise NotReadyError("the service is not ready: its models are not loaded")
         return self.repository
 
     def model_names(self) -> list[str]:
         """Every model with a version serving."""
-        return self._repository().names()
+        return self.started_repository().names()
 
     def knows_model(self, name: str) -> bool:
         """Whether ``name`` is a model the repository serves or has tried to."""
@@ -243,11 +242,11 @@ class DataPlane:
 
     def model(self, name: str, version: str | None = None) -> Model:
         """A serving model version (default: the latest), or 404; 503 before start."""
-        return self._repository().get(name, version).model
+        return self.started_repository().get(name, version).model
 
     def model_info(self, name: str, version: str | None = None) -> ModelInfo:
         """Plain data about a model version, for the faces to describe it."""
-        info = self._repository().get(name, version).info
+        info = self.started_repository().get(name, version).info
         assert info is not None  # set when the version started serving
         return info
 
@@ -270,7 +269,7 @@ class DataPlane:
     ) -> list[dict[str, object]]:
         """Triton's statistics: every serving version, one model's, or one version's; in
         on_demand mode each with its model's ``residency`` (loads, unloads, waits)."""
-        stats = self._repository().statistics(name, version)
+        stats = self.started_repository().statistics(name, version)
         if self.on_demand is not None:
             residency = self.on_demand.residency
             for entry in stats:
@@ -285,7 +284,7 @@ class DataPlane:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
         try:
-            served = self._repository().get(name, version)
+            served = self.started_repository().get(name, version)
         except NotFoundError:
             if self.on_demand is None:
                 raise
@@ -303,7 +302,8 @@ class DataPlane:
         served.last_used = began  # on_demand unloads the least recently used
         try:
             model = served.model
-            inputs = model.checked_inputs(request.inputs, self._repository().max_batch(model))
+            max_batch = self.started_repository().max_batch(model)
+            inputs = model.checked_inputs(request.inputs, max_batch)
             outputs = model.checked_outputs(request)
             names = None if outputs is None else [o.name for o in outputs]
             batched = model.config.max_batch_size > 0
@@ -374,7 +374,7 @@ class DataPlane:
         model = served.model
         if not model.config.steps:
             return (model,)
-        repository = self._repository()
+        repository = self.started_repository()
         owners = [model]
         for step in model.config.steps:
             version = str(step.model_version) if step.model_version > 0 else None

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.host import STOPPED
 from tests.helpers import DIGITS
 
 pytestmark = pytest.mark.slow  # real servers or training
@@ -74,9 +75,9 @@ def serving(trained_repository: Path, *args: str, grpc_port: int = 0) -> Iterato
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
-        # A clean shutdown: the lifespan finished, and the process exits 0.
+        # A clean shutdown: the host stopped both faces and the core, and the process exits 0.
         assert process.returncode == 0, output
-        assert "Application shutdown complete" in output, output
+        assert STOPPED in output, output
         assert "Traceback" not in output, output
 
 

@@ -1,20 +1,20 @@
 """The service on Ray Serve: ``serve deploy deploy/ray/serve.yaml`` (or ``serve run``).
 
-Each replica builds the service's own host (``service.host.Host``) from the ``GELU_*``
-variables of its runtime environment: its serving core and HTTP app, with the same routes,
+Each replica builds the service's own host (``service.host.Host``) from the ``GELU_*`` variables
+of its runtime environment: its serving core, model control and HTTP app, with the same routes,
 codecs, batcher, limits and errors as ``gelu-serve serve``, behind Ray's HTTP proxy (Ray's
-``serve.ingress()`` without an app takes the replica's from ``__serve_build_asgi_app__``).
-Ray calls that app itself for each request, so every request goes through the app's one
-envelope (``service.rest.routing.Envelope``: request id, credentials, metrics, access log);
-Ray's proxy passes the application's ``route_prefix`` as the ASGI ``root_path`` and the whole
-path, and the envelope classes a request on the path less it, as the router routes it, so
-any prefix guards the same routes (issue 62, item 6).
+``serve.ingress()`` without an app takes the replica's from ``__serve_build_asgi_app__``). Ray
+runs that app's lifespan, which starts and stops the core, and calls the app for each request,
+so every request goes through the app's one envelope (``service.rest.routing.Envelope``: request
+id, credentials, metrics, access log); Ray's proxy passes the application's ``route_prefix`` as
+the ASGI ``root_path`` and the whole path, and the envelope classes a request on the path less
+it, as the router routes it, so any prefix guards the same routes (issue 62, item 6).
 
-Ray's gRPC proxy (``grpc_options`` in the config) calls a replica's methods by the names of
-the protocol's (``ModelInfer``, ...), with the decoded request: each is the gRPC face's own
-method (``service.grpc.server.InferenceServicer``) over the replica's core, its errors set on
-Ray's gRPC context. So HTTP and gRPC clients reach every replica, and their requests batch
-together there, as in one process.
+Ray's gRPC proxy (``grpc_options`` in the config) calls a replica's methods by the names of the
+protocol's (``ModelInfer``, ...), with the decoded request: each is the gRPC face's own method
+(``service.grpc.server.InferenceServicer``) over the replica's core and model control (the
+host's, which the HTTP app serves too), its errors set on Ray's gRPC context. So HTTP and gRPC
+clients reach every replica, and their requests batch together there, as in one process.
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ class GeluServe:
 
     def __init__(self) -> None:
         self.host = Host(load_settings())
-        self.servicer = InferenceServicer(self.host.core)
+        self.servicer = InferenceServicer(self.host.core, self.host.control)
 
     def __serve_build_asgi_app__(self) -> Any:
-        """The replica's ASGI app, whose lifespan Ray runs: the host's."""
+        """The replica's ASGI app; Ray runs its lifespan, which starts and stops the core."""
         return self.host.app
 
     async def ModelStreamInfer(

@@ -2,9 +2,11 @@
 serving core, with gRPC health checking and server reflection.
 
 One ``GrpcServer`` runs beside the HTTP face in the same process and event loop (grpcio's
-asyncio server), on ``GELU_GRPC_PORT``, started and stopped with the core by the app's
-lifespan. Every method translates to the same ``DataPlane`` call the HTTP routes make, so both
-protocols get the same checks, limits, batches (requests of both form shared batches),
+asyncio server), on ``GELU_GRPC_PORT``: the host (``service.host``) starts it as the HTTP
+face's peer once the core is started, and stops it beside the HTTP face before the core. Every
+method translates to the same ``DataPlane`` call the HTTP routes make (model control's to the
+``ModelControl`` the host hands it), so both protocols get the same checks, limits, batches
+(requests of both form shared batches),
 statistics and metrics (Triton's ModelStreamInfer takes many requests on one call, each
 answered as ModelInfer would answer it); a ``ServiceError`` becomes one gRPC status
 (``STATUS_CODES``) with its message. The HTTP face's connection limits hold here too, in
@@ -36,6 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from service.auth import GRPC as GRPC_CLASSES
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
@@ -436,8 +439,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     unary methods (``ServerLive``, ...) are built from its descriptor around their core calls
     (``_ServerLive``, ...) below; ``ModelStreamInfer`` and ``stream_answers`` go through it too."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, control: ModelControl) -> None:
         self.plane = plane
+        self.control = control  # the repository extension, as the composer built it
         self.envelope = Envelope(plane)
 
     # ---- health and metadata ---------------------------------------------------------------------
@@ -617,19 +621,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return reply
 
     async def _RepositoryIndex(self, request: Any, call: Call) -> pb.RepositoryIndexResponse:
-        models = self.plane.control.index(request.ready)
+        models = self.control.index(request.ready)
         return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
 
     async def _RepositoryModelLoad(
         self, request: Any, call: Call
     ) -> pb.RepositoryModelLoadResponse:
-        await self.plane.control.load(request.model_name, request.parameters)
+        await self.control.load(request.model_name, request.parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def _RepositoryModelUnload(
         self, request: Any, call: Call
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.plane.control.unload(request.model_name)
+        await self.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
 
@@ -800,7 +804,9 @@ class GrpcServer:
     """grpcio's asyncio server with the inference service, health and reflection, each method
     inside one envelope."""
 
-    def __init__(self, plane: DataPlane, address: str, share_port: bool = False) -> None:
+    def __init__(
+        self, plane: DataPlane, control: ModelControl, address: str, share_port: bool = False
+    ) -> None:
         self.plane = plane
         self.address = address
         limits = plane.settings
@@ -825,7 +831,7 @@ class GrpcServer:
             # share its port with another server by accident.
             ("grpc.so_reuseport", 1 if share_port else 0),
         ]
-        servicer = InferenceServicer(plane)
+        servicer = InferenceServicer(plane, control)
         envelope = servicer.envelope
         services = (SERVICE_DESCRIPTOR, HEALTH_DESCRIPTOR, REFLECTION_DESCRIPTOR)
         self.interceptors = [

@@ -1,16 +1,19 @@
 """The HTTP face's app factory: ``uvicorn --factory service.rest.app:create_app``.
 
-Nothing is built at import time. The app wraps one serving core (``DataPlane``). Served by
-``gelu-serve serve``, its lifespan is the host's (``service.host``: the core, then the gRPC
-face); built alone (``TestClient``, ``uvicorn --factory``), its lifespan starts the core before
-the app accepts requests and stops it after the last one.
+Nothing is built at import time. The app wraps one serving core (``DataPlane``) and the model
+control over it (``ModelControl``), both given by whoever composes the service or built here
+when the app is built alone. Its lifespan, the one place outside the host that starts and stops
+the core, starts the core before the app accepts requests and stops it after the last one; it
+runs where the app is hosted by others (``TestClient``, ``uvicorn --factory``, Ray Serve). Under
+``gelu-serve serve`` the host (``service.host``) starts the core and both faces itself, and
+uvicorn runs the app without its lifespan.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 
 from service import __version__
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import ServiceError
 from service.metrics import OPENMETRICS
@@ -60,23 +64,21 @@ class ServiceApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
-
-
 def create_app(
     settings: Settings | None = None,
     core: DataPlane | None = None,
-    lifespan: Lifespan | None = None,
+    control: ModelControl | None = None,
 ) -> ServiceApp:
     """Build the HTTP face over ``core`` (default: a new one from ``settings``, else from the
-    environment). Its lifespan is ``lifespan`` when the host gives one (``service.host``, which
-    starts the core and the other faces), else the core's own start and stop."""
+    environment) and ``control`` (default: model control over that core). Its lifespan starts
+    and stops the core, for hosts that run it (``TestClient``, ``uvicorn --factory``, Ray
+    Serve); ``service.host`` serves it without."""
     settings = core.settings if core is not None else settings or load_settings()
     plane = core if core is not None else DataPlane(settings)
     plane.logs.configure(settings.log_level, settings.log_format).install()
 
     @asynccontextmanager
-    async def core_alone(app: FastAPI) -> AsyncIterator[None]:
+    async def core_running(app: FastAPI) -> AsyncIterator[None]:
         async with plane.running():
             yield
 
@@ -85,11 +87,12 @@ def create_app(
         version=__version__,
         description="GELU networks served by onnxruntime: KServe V1 predictions, the Open "
         "Inference Protocol (V2) and raw activation evaluation.",
-        lifespan=lifespan or core_alone,
+        lifespan=core_running,
         docs_url=None,
         redoc_url=None,
     )
     app.state.dataplane = plane
+    app.state.control = control if control is not None else ModelControl.over(plane)
     add_openapi(app)
     app.include_router(v1.router)
     app.include_router(v2.router)

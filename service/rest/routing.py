@@ -1,6 +1,7 @@
 """How the HTTP routes are registered, and how they reach the serving core.
 
-Routes take the core from the app's state with ``get_plane(request)``. ``add_model_route``
+Routes take the core from the app's state with ``get_plane(request)``, and the repository
+routes the model control they were given with ``get_control(request)``. ``add_model_route``
 registers one endpoint on a model's path and on its ``/versions/{version}`` form.
 
 The inference and activation routes are ``DirectRoute``s, served by ``DirectRoutes`` ahead of
@@ -33,6 +34,7 @@ from starlette.routing import BaseRoute, get_route_path
 
 from service import auth, codecs
 from service.auth import UNMATCHED, Restrictions
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import CLIENT_CLOSED_REQUEST, ServiceError
 from service.logs import request_id
@@ -60,9 +62,15 @@ Endpoint = Callable[..., Awaitable[Response]]
 
 
 def get_plane(request: Request) -> DataPlane:
-    """The app's data plane, set by the lifespan."""
+    """The app's data plane, given to ``create_app``."""
     dataplane: DataPlane = request.app.state.dataplane
     return dataplane
+
+
+def get_control(request: Request) -> ModelControl:
+    """The app's model control, given to ``create_app`` by whoever composed the service."""
+    control: ModelControl = request.app.state.control
+    return control
 
 
 async def read_body(request: Request) -> bytes:

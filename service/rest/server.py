@@ -1,6 +1,6 @@
 """Running the HTTP face on uvicorn: its options, and a server that stops as orchestrators
-expect (``GracefulServer``). The host (``service.host``) gives it the app and runs it, one per
-worker process.
+expect (``GracefulServer``). The host (``service.host``) gives it the app and runs it beside the
+gRPC face, one per worker process.
 """
 
 from __future__ import annotations
@@ -8,12 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -64,16 +60,15 @@ def _protocol(settings: Settings) -> dict[str, Any]:
     return {"http": "httptools", "limit_concurrency": settings.max_connections}
 
 
-def http_server(
-    app: Any, host: str, port: int, settings: Settings, drain: Callable[[], None]
-) -> GracefulServer:
-    """A uvicorn server of ``app`` on ``host:port`` with the service's connection limits;
-    ``drain`` turns readiness off when SIGTERM's drain begins."""
+def http_server(app: Any, host: str, port: int, settings: Settings) -> GracefulServer:
+    """A uvicorn server of ``app`` on ``host:port`` with the service's connection limits, run
+    by the host (``service.host``), which starts and stops the core: the app's lifespan is off."""
     tls = TlsFiles.from_settings(settings)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        lifespan="off",
         log_level=settings.log_level,
         # A backstop: GracefulServer closes what is left at graceful_shutdown_seconds.
         timeout_graceful_shutdown=round(settings.graceful_shutdown_seconds) + 2,
@@ -82,9 +77,7 @@ def http_server(
         # uvicorn's --loop takes "module:factory": this one bounds TLS handshakes.
         loop=f"{__name__}:{HandshakeBoundedLoop.__name__}" if tls else "auto",
     )
-    server = GracefulServer(
-        config, drain, settings.drain_seconds, settings.graceful_shutdown_seconds
-    )
+    server = GracefulServer(config, settings.graceful_shutdown_seconds)
     server.tls = tls
     server.handshake_timeout = settings.header_timeout_seconds
     return server
@@ -114,29 +107,20 @@ class HandshakeBoundedLoop(_BaseLoop):
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server, stopping as an orchestrator expects.
+    """uvicorn's server, stopping as an orchestrator expects, run by the host.
 
-    SIGTERM first drains: readiness turns 503 at once (``drain``) while requests are still
-    served, for ``drain_seconds``, so load balancers and Kubernetes endpoints stop sending;
-    then uvicorn's graceful shutdown stops accepting connections, lets in-flight and queued
-    requests finish within ``graceful_seconds``, and connections still open then are closed
-    (their requests cancelled as a departed client's, quietly). SIGINT, or a second SIGTERM,
-    skips what is left of the drain. The process then exits 0: uvicorn re-raises the signal
-    after a graceful stop (exit status 143 or 130), which orchestrators read as a crash.
+    The host decides when it stops (``should_exit``, after SIGTERM's drain: ``service.host``)
+    and handles the signals itself, so this server installs no handlers and never raises a
+    signal again (uvicorn's does after a graceful stop: exit status 143 or 130, which
+    orchestrators read as a crash). Stopping, uvicorn's graceful shutdown stops accepting
+    connections and lets in-flight and queued requests finish within ``graceful_seconds``;
+    connections still open then are closed (their requests cancelled as a departed client's,
+    quietly). Replaced TLS certificate files are read again while serving.
     """
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        drain: Callable[[], None],
-        drain_seconds: float,
-        graceful_seconds: float,
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, graceful_seconds: float) -> None:
         super().__init__(config)
-        self._drain = drain
-        self._drain_seconds = drain_seconds
         self._graceful_seconds = graceful_seconds
-        self._drain_until: float | None = None
         self.tls: TlsFiles | None = None  # read again when replaced, while serving
         self.handshake_timeout: float | None = None
 
@@ -168,18 +152,7 @@ class GracefulServer(uvicorn.Server):
         for connection in connections:
             connection.transport.close()
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        draining = self._drain_until is not None
-        if sig == signal.SIGTERM and not draining and self._drain_seconds and self.started:
-            self._drain_until = time.monotonic() + self._drain_seconds
-            self._drain()
-            logger.info("SIGTERM: not ready; draining for %g s", self._drain_seconds)
-            return
-        super().handle_exit(sig, frame)
-
     async def on_tick(self, counter: int) -> bool:
-        if self._drain_until is not None and time.monotonic() >= self._drain_until:
-            return True
         # uvicorn ticks every 0.1 s: replaced certificate files are looked for every second.
         if self.tls is not None and self.config.ssl is not None and counter % 10 == 0:
             self.tls.reload()
@@ -187,14 +160,5 @@ class GracefulServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's, without raising the captured signal again once stopped."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+        """None: the host that runs this server handles SIGTERM and SIGINT."""
+        yield

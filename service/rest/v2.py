@@ -10,7 +10,14 @@ from service import codecs
 from service.errors import BadInputError
 from service.logs import adopt_request_id
 from service.rest.middleware import REQUEST_ID_GIVEN, SERVED_VERSION, TRACE
-from service.rest.routing import Answer, add_model_route, get_plane, header, read_body
+from service.rest.routing import (
+    Answer,
+    add_model_route,
+    get_control,
+    get_plane,
+    header,
+    read_body,
+)
 from service.rest.schemas import (
     InferenceRequest,
     InferenceResponse,
@@ -163,11 +170,11 @@ add_model_route(router, "/v2/models/{name}/stats", model_statistics, responses=r
 )
 async def repository_index(request: Request) -> Response:
     """Every model in the repository, each version's state and the reason it is unavailable."""
-    plane, shape = get_plane(request), '{"ready": true|false}'
+    shape = '{"ready": true|false}'
     ready = (await _optional_object(request, shape)).get("ready", False)
     if not isinstance(ready, bool):
         raise BadInputError(f"body must be a JSON object {shape}")
-    return _json(plane.control.index(ready))
+    return _json(get_control(request).index(ready))
 
 
 @router.post(
@@ -179,8 +186,7 @@ async def repository_index(request: Request) -> Response:
 async def load_model(name: str, request: Request) -> Response:
     """Load or reload a model from the repository (explicit mode): its new or changed versions
     load and warm up before they take requests; those they replace finish theirs first."""
-    plane = get_plane(request)
-    await plane.control.load(name, await _control_parameters(request))
+    await get_control(request).load(name, await _control_parameters(request))
     return _json({})
 
 
@@ -192,9 +198,8 @@ async def load_model(name: str, request: Request) -> Response:
 )
 async def unload_model(name: str, request: Request) -> Response:
     """Stop serving a model (explicit mode); its in-flight and queued requests finish first."""
-    plane = get_plane(request)
     await _control_parameters(request)  # unload_dependents: no model here has dependents
-    await plane.control.unload(name)
+    await get_control(request).unload(name)
     return _json({})
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from export.defaults import DEFAULT_ENSEMBLE, default_ensemble, write_ensemble
 from service.cache import ENTRY_OVERHEAD, ResponseCache
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
@@ -92,7 +93,7 @@ async def test_a_retired_version_takes_its_answers_along(settings_factory, cache
     try:
         await core.infer("digits-mlp", None, _request(DIGITS[:1]))
         assert core.cache is not None and len(core.cache) == 1 and core.cache.used > 0
-        await core.control.unload("digits-mlp")
+        await ModelControl.over(core).unload("digits-mlp")
         assert len(core.cache) == 0 and core.cache.used == 0
     finally:
         await core.stop()
@@ -165,7 +166,7 @@ async def test_an_ensemble_never_answers_from_a_step_version_gone_by(
         assert stats["inference_stats"]["cache_hit"]["count"] == 1  # type: ignore[index]
         np.testing.assert_array_equal(again["logits"], before["logits"])
         write_model(root, "digits-mlp", 3, seed=7)  # the classifier step's new version
-        await core.control.load("digits-mlp")
+        await ModelControl.over(core).load("digits-mlp")
         assert core.model("digits-mlp").version == "3"
         after = (await core.infer(DEFAULT_ENSEMBLE, None, _request(DIGITS[:2]))).outputs
         reconstruction = await core.infer("digits-autoencoder", None, _request(DIGITS[:2]))

@@ -15,6 +15,7 @@ import pytest
 
 from contract.model_config import EnsembleStep
 from export.defaults import DEFAULT_ENSEMBLE, default_ensemble, write_ensemble
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.inference import InferenceRequest, RequestInput
 from tests.helpers import DIGITS
@@ -90,7 +91,7 @@ async def test_a_mis_wired_ensemble_is_refused_with_the_reason(
     core = DataPlane(settings_factory(model_repository=repo, exit_on_error=False))
     await core.start()
     try:
-        (entry,) = [e for e in core.control.index() if e["name"] == DEFAULT_ENSEMBLE]
+        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == DEFAULT_ENSEMBLE]
         assert entry["state"] == "UNAVAILABLE" and reason in entry["reason"]
         assert "digits-mlp" in core.model_names()  # the rest serve
     finally:
@@ -106,7 +107,7 @@ async def test_a_step_may_not_be_an_ensemble(settings_factory, repo: Path) -> No
     core = DataPlane(settings_factory(model_repository=repo, exit_on_error=False))
     await core.start()
     try:
-        (entry,) = [e for e in core.control.index() if e["name"] == "nested"]
+        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "nested"]
         assert "a step may not be an ensemble" in entry["reason"]
     finally:
         await core.stop()

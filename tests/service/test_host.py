@@ -1,27 +1,92 @@
-"""The composition root: one core, the HTTP and gRPC faces started beside it as peers, and
-every face describing a model the same way (``max_batch_size`` 0 and > 0 alike)."""
+"""The composition root: one core and one model control, the HTTP and gRPC faces started beside
+it as peers and stopped before it, and every face describing a model the same way
+(``max_batch_size`` 0 and > 0 alike)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.host import Host
+from service.dataplane import DataPlane
+from service.grpc import inference_pb2 as pb
+from service.grpc import inference_pb2_grpc as pb_grpc
+from service.grpc.server import SERVICE
+from service.host import STOPPED, Host
 from service.settings import Settings
 from tests.onnx_models import FEATURES, FIXED_ROWS, build_repository, write_model
-from tests.service.rest.test_server import free_port
+from tests.servers import ROOT, free_port, get, wait_until
 
 pytestmark = pytest.mark.slow  # real uvicorn and grpcio servers on loopback
 
 
+def listens(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+class RecordedCore(DataPlane):
+    """The core, recording when it starts and stops and whether the faces listened then."""
+
+    def __init__(self, settings: Settings, ports: tuple[int, int]) -> None:
+        super().__init__(settings)
+        self.ports = ports
+        self.events: list[tuple[str, bool, bool]] = []
+
+    async def start(self) -> None:
+        self.events.append(("start", *map(listens, self.ports)))  # type: ignore[arg-type]
+        await super().start()
+
+    async def stop(self) -> None:
+        self.events.append(("stop", *map(listens, self.ports)))  # type: ignore[arg-type]
+        await super().stop()
+
+
 class Running:
-    def __init__(self, host: Host, http_port: int, grpc_port: int) -> None:
-        self.host, self.http_port, self.grpc_port = host, http_port, grpc_port
+    """A host serving in a thread of this process (signals reach only the main thread: the
+    test stops it with ``Host.stop``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.http_port, self.grpc_port = free_port(), settings.grpc_port
+        self.core = RecordedCore(settings, (self.http_port, self.grpc_port))
+        self.host = Host(settings, self.core)
+        self.thread = threading.Thread(target=self.host.run, args=("127.0.0.1", self.http_port))
+        self.thread.start()
+        wait_until(self.ready, timeout=60, what="the host did not start")
+
+    def ready(self) -> bool:
+        assert self.thread.is_alive(), "the host stopped while starting"
+        try:
+            return get(self.http_port, "/v2/health/ready")[0] == 200
+        except OSError:
+            return False
+
+    def stop(self, signum: int) -> None:
+        self.host.stop(signum)
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+    def stub(self) -> pb_grpc.GRPCInferenceServiceStub:
+        return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.grpc_address))
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
 
 @pytest.fixture(scope="module")
@@ -34,23 +99,13 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def running(repository: Path) -> Iterator[Running]:
-    http_port, grpc_port = free_port(), free_port()
-    settings = Settings(model_repository=repository, grpc_port=grpc_port, warmup_runs=1)
-    host = Host(settings)
-    server = host.server("127.0.0.1", http_port)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started or not thread.is_alive():
-            break
-        threading.Event().wait(0.05)
-    assert server.started, "the host did not start"
-    yield Running(host, http_port, grpc_port)
-    server.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
-    with pytest.raises(OSError):  # the host stopped its gRPC face with the HTTP one
-        socket.create_connection(("127.0.0.1", grpc_port), timeout=5).close()
+    settings = Settings(model_repository=repository, grpc_port=free_port(), warmup_runs=1)
+    served = Running(settings)
+    yield served
+    served.stop(signal.SIGINT)
+    # The faces stopped before the core, and neither listens after.
+    assert served.core.events == [("start", False, False), ("stop", False, False)]
+    assert not listens(served.http_port) and not listens(served.grpc_port)
 
 
 def _grpc_metadata(client: object, name: str, version: str = "") -> dict:
@@ -68,13 +123,13 @@ def test_every_face_describes_every_model_alike(running: Running, repository: Pa
     import tritonclient.http as httpclient
 
     http = httpclient.InferenceServerClient(f"127.0.0.1:{running.http_port}")
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{running.grpc_port}")
+    grpc_client = grpcclient.InferenceServerClient(running.grpc_address)
     names = sorted(p.name for p in repository.iterdir())
     assert "fixed-mlp" in names
     for name in names:
         over_http = http.get_model_metadata(name)
-        assert over_http == _grpc_metadata(grpc, name), name
-        assert http.get_model_metadata(name, "1") == _grpc_metadata(grpc, name, "1"), name
+        assert over_http == _grpc_metadata(grpc_client, name), name
+        assert http.get_model_metadata(name, "1") == _grpc_metadata(grpc_client, name, "1"), name
         v1 = httpx.get(f"http://127.0.0.1:{running.http_port}/v1/models/{name}").json()
         assert (v1["inputs"], v1["outputs"]) == (over_http["inputs"], over_http["outputs"])
         expected = [FIXED_ROWS, FEATURES] if name == "fixed-mlp" else [-1, FEATURES]
@@ -96,33 +151,145 @@ def test_a_model_without_a_batch_axis_serves_on_both_faces(running: Running) -> 
     np.testing.assert_array_equal(answers[0], answers[1])
 
 
-def test_the_faces_share_the_hosts_core(running: Running) -> None:
-    assert running.host.app.state.dataplane is running.host.core
-    assert running.host.grpc is not None and running.host.grpc.plane is running.host.core
+def test_the_faces_share_the_hosts_core_and_control(running: Running) -> None:
+    host = running.host
+    assert host.app.state.dataplane is host.core and host.app.state.control is host.control
+    assert host.grpc is not None and host.grpc.plane is host.core
+    assert host.grpc.servicers[SERVICE].control is host.control
+    # The host started the core once, itself: the app's lifespan did not run under it.
+    assert [event for event, *_ in running.core.events] == ["start"]
 
 
-def test_a_grpc_port_in_use_refuses_to_start_in_one_line(
-    repository: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    import asyncio
-    import logging
+def test_model_control_on_one_face_is_seen_by_the_other(repository: Path) -> None:
+    settings = Settings(
+        model_repository=repository,
+        grpc_port=free_port(),
+        warmup_runs=0,
+        model_control_mode="explicit",
+        load_models=["digits-mlp"],
+    )
+    served = Running(settings)
+    try:
+        stub = served.stub()
+        assert not stub.ModelReady(pb.ModelReadyRequest(name="fixed-mlp")).ready
+        status, _ = _post(served.http_port, "/v2/repository/models/fixed-mlp/load")
+        assert status == 200
+        assert stub.ModelReady(pb.ModelReadyRequest(name="fixed-mlp")).ready
+        stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="fixed-mlp"))
+        assert get(served.http_port, "/v2/models/fixed-mlp/ready")[0] == 404  # unloaded
+    finally:
+        served.stop(signal.SIGINT)
 
-    from service.errors import StartupError
 
+def _post(port: int, path: str) -> tuple[int, bytes]:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", path, b"{}", {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_sigterm_drains_both_faces_then_stops_them_before_the_core(repository: Path) -> None:
+    """SIGTERM: readiness turns 503 on HTTP and NOT_SERVING on gRPC at once, while both still
+    serve; after the drain both faces stop, and only then the core."""
+    settings = Settings(
+        model_repository=repository, grpc_port=free_port(), warmup_runs=0, drain_seconds=2
+    )
+    served = Running(settings)
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(served.grpc_address))
+    check = health_pb2.HealthCheckRequest(service=SERVICE)
+    stub = served.stub()
+    assert health.Check(check).status == health_pb2.HealthCheckResponse.SERVING
+    began = time.monotonic()
+    served.host.stop(signal.SIGTERM)
+    wait_until(lambda: get(served.http_port, "/v2/health/ready")[0] == 503, timeout=1)
+    wait_until(
+        lambda: health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING,
+        timeout=1,
+    )
+    assert not stub.ServerReady(pb.ServerReadyRequest()).ready
+    # Draining, both faces still serve.
+    assert get(served.http_port, "/v2/health/live")[0] == 200
+    assert stub.ServerLive(pb.ServerLiveRequest()).live
+    assert stub.ModelMetadata(pb.ModelMetadataRequest(name="fixed-mlp")).name == "fixed-mlp"
+    assert time.monotonic() - began < settings.drain_seconds
+    served.thread.join(30)
+    assert not served.thread.is_alive()
+    assert time.monotonic() - began >= settings.drain_seconds
+    assert served.core.events == [("start", False, False), ("stop", False, False)]
+
+
+def _serve(repository: Path, http_port: int, **env: str) -> subprocess.CompletedProcess[str]:
+    """`gelu-serve serve`, expected to refuse to start."""
+    environment = {
+        **os.environ,
+        "GELU_MODEL_REPOSITORY": str(repository),
+        "GELU_WARMUP_RUNS": "0",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "serve", "--port", str(http_port)],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("taken_face", ["grpc", "http"])
+def test_a_port_in_use_stops_start_up_in_one_line(repository: Path, taken_face: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        host = Host(Settings(model_repository=repository, grpc_port=port, warmup_runs=0))
+        if taken_face == "grpc":
+            result = _serve(repository, free_port(), GELU_GRPC_PORT=str(port))
+            needle = f"cannot start: gRPC: cannot bind 127.0.0.1:{port}"
+        else:
+            result = _serve(repository, port, GELU_GRPC_PORT=str(free_port()))
+            needle = f"('127.0.0.1', {port}): address already in use"
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    assert len([line for line in output.splitlines() if needle in line]) == 1, output
+    assert STOPPED not in output  # it never served
 
-        async def start() -> None:
-            async with host.lifespan():
-                pass
 
-        with (
-            caplog.at_level(logging.ERROR, logger="gelu_serve"),
-            pytest.raises(StartupError, match="GELU_GRPC_PORT"),
-        ):
-            asyncio.run(start())
-    assert f"cannot start: gRPC: cannot bind 127.0.0.1:{port}" in caplog.text
-    assert host.core.repository is None  # the core, started first, was stopped
+def test_sigterm_stops_a_served_process_with_both_faces(repository: Path) -> None:
+    """`gelu-serve serve` with both faces: SIGTERM drains (logged once), both faces close, the
+    core stops last, and the process exits 0."""
+    http_port, grpc_port = free_port(), free_port()
+    environment = {
+        **os.environ,
+        "GELU_MODEL_REPOSITORY": str(repository),
+        "GELU_WARMUP_RUNS": "0",
+        "GELU_GRPC_PORT": str(grpc_port),
+        "GELU_DRAIN_SECONDS": "0.5",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--port", str(http_port)],
+        cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                return get(http_port, "/v2/health/ready")[0] == 200
+            except OSError:
+                return False
+
+        wait_until(ready, timeout=60, every=0.2, what="not ready")
+        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        assert stub.ServerReady(pb.ServerReadyRequest()).ready
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output, output
+    lines = output.splitlines()
+    drained = [i for i, line in enumerate(lines) if "draining for 0.5 s" in line]
+    stopped = [i for i, line in enumerate(lines) if STOPPED in line]
+    assert len(drained) == 1 and len(stopped) == 1 and drained[0] < stopped[0], output
+    assert not listens(http_port) and not listens(grpc_port)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import LoadFailedError, NotFoundError, OverloadedError
 from service.inference import InferenceRequest, RequestInput
@@ -60,7 +61,7 @@ async def test_models_load_at_their_first_request_and_the_least_used_make_room(
     core = await started(settings_factory, many, max_loaded_models=3, pinned_models=["m0"])
     try:
         assert loaded(core) == ["m0"]  # only the pinned at start
-        assert {"name": "m1"} in core.control.index()  # listed, never loaded
+        assert {"name": "m1"} in ModelControl.over(core).index()  # listed, never loaded
         answers = {}
         for name in ("m1", "m2"):
             answers[name] = (await core.infer(name, None, request())).outputs["logits"]
@@ -68,7 +69,7 @@ async def test_models_load_at_their_first_request_and_the_least_used_make_room(
         await core.infer("m1", None, request())  # m2 is now the least recently used
         await core.infer("m3", None, request())
         assert loaded(core) == ["m0", "m1", "m3"]
-        (entry,) = [e for e in core.control.index() if e["name"] == "m2"]
+        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "m2"]
         assert entry["state"] == "UNAVAILABLE" and "make room for 'm3'" in entry["reason"]
         for name in ("m4", "m5", "m2"):  # the pinned one is never the one unloaded
             await core.infer(name, None, request())
@@ -158,9 +159,9 @@ async def test_the_repository_api_loads_within_the_budget(settings_factory, many
     core = await started(settings_factory, many, max_loaded_models=2)
     try:
         for name in ("m1", "m2", "m3"):
-            await core.control.load(name)
+            await ModelControl.over(core).load(name)
         assert loaded(core) == ["m2", "m3"]
-        await core.control.unload("m3")
+        await ModelControl.over(core).unload("m3")
         assert loaded(core) == ["m2"] and metric(core, "gelu_loaded_models") == 1
     finally:
         await core.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.control import CONTROL_FORBIDDEN, ControlForbiddenError
+from service.control import CONTROL_FORBIDDEN, ControlForbiddenError, ModelControl
 from service.dataplane import DataPlane
 from service.errors import BadInputError, ModelLoadError, NotFoundError, StartupError
 from service.inference import InferenceRequest, RequestInput
@@ -86,9 +86,9 @@ async def test_a_model_that_fails_to_load(settings_factory, repo: Path) -> None:
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
         assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp"]
-        (entry,) = [e for e in core.control.index() if e["name"] == "digits-mlp-tanh"]
+        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "digits-mlp-tanh"]
         assert entry["state"] == "UNAVAILABLE" and "cannot load it" in entry["reason"]
-        ready = core.control.index(ready_only=True)
+        ready = ModelControl.over(core).index(ready_only=True)
         assert {e["name"] for e in ready} == {"digits-autoencoder", "digits-mlp"}
         text = core.metrics.exposition().decode()
         assert 'gelu_model_load_failures_total{model="digits-mlp-tanh"} 1.0' in text
@@ -98,8 +98,9 @@ async def test_a_model_that_fails_to_load(settings_factory, repo: Path) -> None:
 
 async def test_control_is_forbidden_outside_explicit_mode(settings_factory, repo: Path) -> None:
     core = await started(settings_factory, repo)
+    control = ModelControl.over(core)
     try:
-        for action in (core.control.load, core.control.unload):
+        for action in (control.load, control.unload):
             with pytest.raises(ControlForbiddenError, match=CONTROL_FORBIDDEN) as caught:
                 await action("digits-mlp")
             assert caught.value.status_code == 503
@@ -111,34 +112,35 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
     core = await started(
         settings_factory, repo, model_control_mode="explicit", load_models=["digits-mlp"]
     )
+    control = ModelControl.over(core)
     try:
         assert core.model_names() == ["digits-mlp"]
-        assert {"name": "digits-mlp-tanh"} in core.control.index()  # never loaded
-        await core.control.load("digits-mlp-tanh")
+        assert {"name": "digits-mlp-tanh"} in control.index()  # never loaded
+        await control.load("digits-mlp-tanh")
         assert (await core.infer("digits-mlp-tanh", None, request())).outputs["logits"].shape
-        await core.control.unload("digits-mlp")
+        await control.unload("digits-mlp")
         with pytest.raises(NotFoundError):
             await core.infer("digits-mlp", None, request())
-        states = [e for e in core.control.index() if e["name"] == "digits-mlp"]
+        states = [e for e in control.index() if e["name"] == "digits-mlp"]
         assert {(e["version"], e["state"], e["reason"]) for e in states} == {
             ("1", "UNAVAILABLE", "unloaded"), ("2", "UNAVAILABLE", "unloaded")
         }  # fmt: skip
-        await core.control.load("digits-mlp")  # and back
+        await control.load("digits-mlp")  # and back
         assert core.model_info("digits-mlp").versions == ["1", "2"]
         with pytest.raises(NotFoundError, match="no model 'nope'"):
-            await core.control.load("nope")
-        index = core.control.index()
+            await control.load("nope")
+        index = control.index()
         # only a model's own directory, by its own name: no other path becomes an index entry
         (repo / ".staging").mkdir()
         for path in ("", ".", "..", ".staging", "digits-mlp/", "digits-mlp/1", "digits-mlp/./1"):
-            for change in (core.control.load, core.control.unload):
+            for change in (control.load, control.unload):
                 with pytest.raises(NotFoundError, match=f"no model {path!r}"):
                     await change(path)
-        assert core.control.index() == index
+        assert control.index() == index
         assert 'model=""' not in core.metrics.exposition().decode()
         (repo / "digits-autoencoder" / "config.pbtxt").write_text("name: ")
         with pytest.raises(BadInputError, match="failed to load 'digits-autoencoder'"):
-            await core.control.load("digits-autoencoder")
+            await control.load("digits-autoencoder")
     finally:
         await core.stop()
 
@@ -163,7 +165,7 @@ async def test_unload_and_swap_finish_requests_in_flight(
         flights = [asyncio.create_task(core.infer("digits-mlp", None, request())) for _ in range(8)]
         await asyncio.sleep(0.01)
         shutil.copy(repo / "digits-mlp" / "1" / "model.onnx", repo / "digits-mlp" / "2")
-        await core.control.load("digits-mlp")  # version 2's file changed: swapped
+        await ModelControl.over(core).load("digits-mlp")  # version 2's file changed: swapped
         results = await asyncio.gather(*flights)
         assert all(np.array_equal(r.outputs["logits"], before) for r in results)
         after = (await core.infer("digits-mlp", "2", request())).outputs["logits"]
@@ -171,7 +173,7 @@ async def test_unload_and_swap_finish_requests_in_flight(
         np.testing.assert_array_equal(after, one)
         flights = [asyncio.create_task(core.infer("digits-mlp", None, request())) for _ in range(8)]
         await asyncio.sleep(0.01)
-        await core.control.unload("digits-mlp")
+        await ModelControl.over(core).unload("digits-mlp")
         assert len(await asyncio.gather(*flights)) == 8
     finally:
         await core.stop()
@@ -198,7 +200,7 @@ async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) ->
         (repo / "digits-mlp" / "3" / "model.onnx").write_bytes(b"half a file")
 
         def states() -> dict[str, tuple[str, str]]:
-            entries = [e for e in core.control.index() if e["name"] == "digits-mlp"]
+            entries = [e for e in ModelControl.over(core).index() if e["name"] == "digits-mlp"]
             return {e["version"]: (e["state"], e["reason"]) for e in entries}
 
         await until(lambda: "4" in states(), "the corrupt new version reported")
@@ -341,7 +343,7 @@ async def test_a_warmup_that_does_not_fit_refuses_the_version(settings_factory, 
     (repo / "digits-mlp" / "warmup" / "zero").write_bytes(DIGITS[0].astype("<f4").tobytes())
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
-        (entry,) = [e for e in core.control.index() if e.get("version") == "2"
+        (entry,) = [e for e in ModelControl.over(core).index() if e.get("version") == "2"
                     and e["name"] == "digits-mlp"]  # fmt: skip
         assert entry["state"] == "UNAVAILABLE" and "input 'pixels' is not one of" in entry["reason"]
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from contract.signing import SIGNATURE_FILENAME, sign
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import BadInputError, ModelLoadError
 from service.inference import InferenceRequest, RequestInput
@@ -50,7 +51,7 @@ def signed(tmp_path: Path, model_repository: Path) -> tuple[Path, Path, Path]:
 
 
 def _states(core: DataPlane, name: str) -> dict[str, tuple[str, str]]:
-    entries = [e for e in core.control.index() if e["name"] == name and "version" in e]
+    entries = [e for e in ModelControl.over(core).index() if e["name"] == name and "version" in e]
     return {e["version"]: (e["state"], e["reason"]) for e in entries}
 
 
@@ -157,7 +158,7 @@ async def test_explicit_load_of_an_altered_version_is_refused(
         assert core.model_info("digits-mlp").versions == ["1", "2"]
         _flip_a_byte(root / "digits-mlp" / "2" / "model.onnx")
         with pytest.raises(BadInputError, match=r"model\.onnx changed since it was signed"):
-            await core.control.load("digits-mlp")  # the repository API's 400
+            await ModelControl.over(core).load("digits-mlp")  # the repository API's 400
         assert core.model_info("digits-mlp").versions == ["1", "2"]  # the loaded one stays
         assert (await core.infer("digits-mlp", "2", _request())).outputs["logits"].shape == (1, 10)
     finally:

@@ -14,6 +14,7 @@ import pytest
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.grpc.server import (
     HEALTH_DESCRIPTOR,
@@ -81,7 +82,8 @@ def settings(settings_factory) -> Any:
 def _server(settings: Any) -> GrpcServer:
     """A gRPC face (bound, not started; built in the test's event loop, as grpcio's asyncio
     server must be) over a core (not started: nothing a refused call needs)."""
-    return GrpcServer(DataPlane(settings), "127.0.0.1:0")
+    core = DataPlane(settings)
+    return GrpcServer(core, ModelControl.over(core), "127.0.0.1:0")
 
 
 def _message(method: MethodDescriptor, size: int = 0) -> Any:
@@ -215,7 +217,8 @@ async def test_a_connection_past_its_streams_is_refused_and_its_streams_let_go(
     """Streams held open on one connection: one more is RESOURCE_EXHAUSTED before anything is
     read; another connection still opens one; an ended stream frees its place."""
     settings = settings_factory(grpc_max_streams_per_connection=2)
-    servicer = InferenceServicer(DataPlane(settings))
+    core = DataPlane(settings)
+    servicer = InferenceServicer(core, ModelControl.over(core))
     method = SERVICE_DESCRIPTOR.methods_by_name["ModelStreamInfer"]
 
     release = asyncio.Event()

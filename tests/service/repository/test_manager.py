@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import LoadFailedError, NotFoundError, StartupError
 from service.inference import InferenceRequest, RequestInput
@@ -45,7 +46,7 @@ def request() -> InferenceRequest:
 
 
 def entries(core: DataPlane, name: str) -> list[dict[str, str]]:
-    return [e for e in core.control.index() if e["name"] == name]
+    return [e for e in ModelControl.over(core).index() if e["name"] == name]
 
 
 def failing(real, name: str, error: BaseException):
@@ -77,7 +78,7 @@ async def test_any_error_of_a_version_is_its_refusal(
         assert all(s == "UNAVAILABLE" and type(error).__name__ in r for s, r in states.values())
         caplog.clear()
         with pytest.raises(LoadFailedError, match="failed to load 'digits-mlp'") as caught:
-            await core.control.load("digits-mlp")  # explicit: 400, as Triton answers it
+            await ModelControl.over(core).load("digits-mlp")  # explicit: 400, as Triton answers it
         assert caught.value.status_code == 400
         assert str(repo) not in caught.value.message  # named from the root, not the disk
         failed = [r for r in caplog.records if r.getMessage().startswith("load failed")]
