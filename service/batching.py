@@ -11,9 +11,10 @@ request taken into a batch is answered or failed on every path (``try``/``finall
 run of several fails, each of its requests runs again alone, so one bad request fails alone and
 no request waits forever (issue 62, item 2, "batch poisoning").
 
-``run`` is the one run path of a model version: the core asks it once per request and gets an
-answer or an error; it picks the batcher, or a run of the request alone on the event loop or on
-a thread, as below.
+``Scheduler`` is the one run path of a model version, built for every version, batching on or
+off: the core asks its ``run`` once per request and gets an answer or an error; it picks the
+batcher, or a run of the request alone on the event loop or on a thread, as below, and its
+``stop`` ends the batcher once the version has drained. Nothing else reads the batcher.
 
 Where a batch runs depends on what it costs, timed when the version starts serving
 (``Model.largest_batch_within``, in ``service.repository``):
@@ -24,7 +25,7 @@ Where a batch runs depends on what it costs, timed when the version starts servi
   ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds every request
   parsed in between, which under load is most of the connections with a request in flight.
   When batches have held one request in a row, requests stop looking for company for a while,
-  longer each time a look finds none (``QUIET_MS``): meanwhile ``run`` runs them as
+  longer each time a look finds none (``QUIET_MS``): meanwhile ``Scheduler.run`` runs them as
   batching off does, without calling the batcher (``bypass``), so a lone client does not wait
   for company that never comes, nor pay the batcher's bookkeeping. Handing a
   10-40 µs run to a thread and waking the loop again costs more than the run itself; one
@@ -48,7 +49,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import anyio.to_thread
 import numpy as np
@@ -207,44 +208,98 @@ class Runs:
         self.compute.observe(infer_ns / 1e9)
 
 
-class Version(Protocol):
-    """What ``run`` needs of a serving model version (``service.repository``'s ``Served``)."""
+class Batching(NamedTuple):
+    """How a version batches (``Scheduler.batching``)."""
 
-    model: Model
-    batcher: Batcher | None
-    inline_batch: int  # the largest batch run on the event loop (0: always on a thread)
-    runs: Runs
+    max_batch_size: int  # the largest batch
+    inline: bool  # whether its batches run on the event loop
+    instances: int  # batches running at once on worker threads
 
 
-async def run(
-    version: Version,
-    inputs: dict[str, np.ndarray],
-    size: int,
-    outputs: list[str] | None = None,
-    deadline: Deadline | None = None,
-    trace: RequestTrace | None = None,
-) -> Outputs:
-    """The one run path of a model version: one checked request of ``size`` samples, answered
-    with the outputs it asks for (None: all), or its error; never left waiting.
+class Scheduler:
+    """One per model version, batching on or off: every way its requests run. The core asks
+    ``run`` once per request and gets the outputs or an error, never a wait without end;
+    ``stop`` ends it once the version has drained. As Triton's dynamic batch scheduler, it
+    picks the batcher, or a run of the request alone on the event loop or on a thread."""
 
-    The version's batcher takes it when the version batches and the batcher runs where this
-    request belongs (on the event loop up to ``inline_batch`` samples, else on a thread) and
-    is not in a quiet (``Batcher.bypass``: no company lately); otherwise it runs alone, on the
-    loop within the inline bound or on a worker thread, counted in the same statistics."""
-    batcher = version.batcher
-    inline = size <= version.inline_batch
-    if batcher is not None and not batcher.bypass and inline is batcher.inline:
-        return await batcher.infer(inputs, outputs, deadline, trace)
-    model = version.model
-    handed = time.perf_counter_ns()
-    if inline:  # bounded: see ModelRepository._inline_limit
-        results, began, took = timed_infer(model, inputs)
-    else:  # onnxruntime releases the GIL: the run proceeds beside the loop
-        results, began, took = await anyio.to_thread.run_sync(timed_infer, model, inputs, deadline)
-    version.runs.record_alone(size, began - handed, took)
-    if trace is not None:
-        trace.ran(handed, began, took, None)
-    return _asked(results, outputs)
+    __slots__ = ("_batcher", "inline_batch", "model", "runs")
+
+    def __init__(
+        self,
+        model: Model,
+        runs: Runs,
+        metrics: Metrics,
+        inline_batch: int = 0,
+        max_batch_size: int = 0,
+        max_queue_delay_us: int = 0,
+        instances: int = 1,
+    ) -> None:
+        """``inline_batch``: the largest batch run on the event loop (0: always on a thread);
+        ``max_batch_size`` 0 for a version that does not batch. A batcher's inline batches stay
+        within the inline bound; a larger request runs on a thread."""
+        self.model = model
+        self.runs = runs
+        self.inline_batch = inline_batch
+        self._batcher: Batcher | None = None
+        if max_batch_size:
+            size = min(max_batch_size, inline_batch) if inline_batch else max_batch_size
+            self._batcher = Batcher(
+                model, size, max_queue_delay_us, metrics, runs, inline_batch > 0, instances
+            )
+
+    @property
+    def batching(self) -> Batching | None:
+        """How its batcher batches; None when the version does not batch."""
+        batcher = self._batcher
+        if batcher is None:
+            return None
+        return Batching(batcher.max_batch_size, batcher.inline, batcher.instances)
+
+    def start(self) -> None:
+        """Start taking requests; call from the running event loop."""
+        if self._batcher is not None:
+            self._batcher.start()
+
+    async def stop(self) -> None:
+        """Stop, once the version has drained (the repository waits for its requests in
+        flight): batches already running finish, a request still waiting fails, the worker
+        threads are released. A request that comes after runs alone, as batching off does,
+        and is answered by its run (an error, once the model is closed): never a wait for a
+        batch that cannot come."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await batcher.stop()
+
+    async def run(
+        self,
+        inputs: dict[str, np.ndarray],
+        size: int,
+        outputs: list[str] | None = None,
+        deadline: Deadline | None = None,
+        trace: RequestTrace | None = None,
+    ) -> Outputs:
+        """One checked request of ``size`` samples, answered with the outputs it asks for
+        (None: all), or its error; never left waiting.
+
+        The batcher takes it when the version batches and the batcher runs where this request
+        belongs (on the event loop up to ``inline_batch`` samples, else on a thread) and is not
+        in a quiet (``Batcher.bypass``: no company lately); otherwise it runs alone, on the
+        loop within the inline bound or on a worker thread, counted in the same statistics."""
+        batcher = self._batcher
+        inline = size <= self.inline_batch
+        if batcher is not None and not batcher.bypass and inline is batcher.inline:
+            return await batcher.infer(inputs, outputs, deadline, trace)
+        handed = time.perf_counter_ns()
+        if inline:  # bounded: see ModelRepository._inline_limit
+            results, began, took = timed_infer(self.model, inputs)
+        else:  # onnxruntime releases the GIL: the run proceeds beside the loop
+            results, began, took = await anyio.to_thread.run_sync(
+                timed_infer, self.model, inputs, deadline
+            )
+        self.runs.record_alone(size, began - handed, took)
+        if trace is not None:
+            trace.ran(handed, began, took, None)
+        return _asked(results, outputs)
 
 
 class Batcher:
@@ -271,7 +326,7 @@ class Batcher:
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
         # No company found lately (QUIET_MS): requests do not look for it. ``bypass``, the same
-        # inline, tells ``run`` to run them alone, as batching off does; on threads,
+        # inline, tells ``Scheduler.run`` to run them alone, as batching off does; on threads,
         # ``infer`` hands each to a free instance at once.
         self.quiet = False
         self.bypass = False

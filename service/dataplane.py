@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
-from service import __version__, batching, ensemble
+from service import __version__, ensemble
 from service.activations import Activations
 from service.auth import Restrictions
 from service.batching import Deadline
@@ -326,7 +326,7 @@ class DataPlane:
                 if cache is not None and (ran != owners[1:] or self._answerers(served) != owners):
                     cache = None
             else:  # the version's one run path: batched, alone, inline or on a thread
-                results = await batching.run(served, inputs, batch, names, deadline, request.trace)
+                results = await served.scheduler.run(inputs, batch, names, deadline, request.trace)
             if cache is not None and hit is None and not served.retired:
                 self._keep(cache, key, owners, results, statistics)
             ok = True

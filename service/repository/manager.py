@@ -4,8 +4,8 @@ As Triton's model repository manager: ``load(name)`` reads the model's ``config.
 the versions its ``version_policy`` names, and loads, checks and warms each new or changed
 version off the event loop, reusing those whose files have not changed. Only then does the new
 set take new requests, in one assignment on the loop; a version it replaces (or that is gone)
-is retired: it finishes its in-flight and queued requests, then its batcher and session are
-released. A version that fails to load leaves what was serving untouched and is reported as
+is retired: it finishes its in-flight and queued requests, then its scheduler and session
+are released. A version that fails to load leaves what was serving untouched and is reported as
 ``UNAVAILABLE`` with the reason (``index()``, a log line, a metric). ``unload(name)`` retires
 every version. ``poll_forever()`` re-scans the repository and acts on a model whose files have
 changed only once two scans in a row agree, so a file still being copied is never loaded.
@@ -34,7 +34,7 @@ import anyio.to_thread
 
 from contract.model_config import ModelConfig
 from contract.names import CONFIG_FILENAME
-from service.batching import Batcher, Runs
+from service.batching import Runs, Scheduler
 from service.errors import ModelLoadError, NotFoundError, first_line
 from service.inference import ModelInfo, TensorInfo
 from service.metrics import Metrics
@@ -60,13 +60,13 @@ NAME_MAX = 255
 
 @dataclass(eq=False)
 class Served:
-    """One model version taking requests: its model, batcher, and requests in flight."""
+    """One model version taking requests: its model, its scheduler (every way its requests
+    run), and its requests in flight."""
 
     model: Model
-    batcher: Batcher | None
-    inline_batch: int  # the largest batch run on the event loop (0: always on a thread)
+    scheduler: Scheduler
     signature: tuple[int, ...]
-    runs: Runs
+    runs: Runs  # the scheduler's: what its runs and requests count
     info: ModelInfo | None = None
     in_flight: int = 0  # requests taken and not yet answered: running or queued
     retired: bool = False
@@ -489,8 +489,7 @@ class ModelRepository:
 
         async def drain() -> None:
             await served.drained.wait()
-            if served.batcher is not None:
-                await served.batcher.stop()
+            await served.scheduler.stop()
             model = served.model
             providers = model.providers
             model.close()
@@ -503,36 +502,26 @@ class ModelRepository:
         task.add_done_callback(self._retiring.discard)
 
     async def _serve(self, model: Model, files: tuple[int, ...]) -> Served:
-        """A loaded version made ready to take requests: its inline limit and batcher."""
+        """A loaded version made ready to take requests: its inline limit and scheduler."""
         settings, config = self.settings, model.config
         for provider in model.providers:
             self.metrics.providers.labels(model.name, model.version, provider).set(1)
         if model.warmup_runs:
             self.metrics.warmup_runs.labels(model.name, model.version).inc(model.warmup_runs)
-        if config.steps:  # an ensemble: its steps are batched, each by its own batcher
-            return Served(model, None, 0, files, Runs(model, self.metrics))
+        runs = Runs(model, self.metrics)
+        if config.steps:  # an ensemble: its steps are batched, each by its own scheduler
+            return Served(model, Scheduler(model, runs, self.metrics), files, runs)
         batching = settings.batching and config.dynamic_batching and config.max_batch_size > 0
         size = (settings.batch_max_size or config.max_batch_size) if batching else 0
         inline_batch = await self._inline_limit(model, max(size, self.max_batch(model)))
-        batcher = None
-        runs = Runs(model, self.metrics)
-        if batching:
-            delay = settings.max_queue_delay_us
-            if delay is None:
-                delay = config.max_queue_delay_us or 0
-            # Inline batches stay within the bound; a larger request runs on a thread.
-            size = min(size, inline_batch) if inline_batch else size
-            batcher = Batcher(
-                model,
-                size,
-                delay,
-                self.metrics,
-                runs,
-                inline=inline_batch > 0,
-                instances=config.instance_count,
-            )
-            batcher.start()
-        return Served(model, batcher, inline_batch, files, runs)
+        delay = settings.max_queue_delay_us
+        if delay is None:
+            delay = config.max_queue_delay_us or 0
+        scheduler = Scheduler(
+            model, runs, self.metrics, inline_batch, size, delay, config.instance_count
+        )
+        scheduler.start()
+        return Served(model, scheduler, files, runs)
 
     async def _inline_limit(self, model: Model, largest: int) -> int:
         """The largest batch of ``model`` that runs on the event loop: one whose run, timed

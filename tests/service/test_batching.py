@@ -13,8 +13,16 @@ import pytest
 import uvloop
 
 import service.batching
-from service.batching import PATIENCE, QUIET_MS, Batcher, Deadline, Runs, _Request
-from service.batching import run as run_request
+from service.batching import (
+    PATIENCE,
+    QUIET_MS,
+    Batcher,
+    Batching,
+    Deadline,
+    Runs,
+    Scheduler,
+    _Request,
+)
 from service.errors import OverloadedError
 from service.metrics import Metrics
 from service.runtime import Model
@@ -662,18 +670,79 @@ def test_stopping_fails_a_batch_still_gathering(model) -> None:
     assert isinstance(error, RuntimeError) and "shutting down" in str(error)
 
 
+def scheduler(model: Model, inline_batch: int, max_batch_size: int = 0) -> Scheduler:
+    """A started scheduler (call inside the event loop), with its own metrics."""
+    metrics = Metrics()
+    built = Scheduler(model, Runs(model, metrics), metrics, inline_batch, max_batch_size)
+    built.start()
+    return built
+
+
 @pytest.mark.parametrize("inline_batch", [0, 64], ids=["thread", "inline"])
-def test_run_takes_a_version_without_a_batcher_alone(model, inline_batch: int) -> None:
-    """``run``, the one run path: a version that does not batch runs each request alone, on
-    the loop within its inline bound or on a thread, counted as a run of one request."""
+def test_a_scheduler_without_batching_runs_each_request_alone(
+    model, monkeypatch, inline_batch: int
+) -> None:
+    """A version that does not batch runs each request alone, on the loop within its inline
+    bound or on a thread, counted as a run of one request."""
+    threads: list[int] = []
+    real = model.infer
 
-    class Version:
-        def __init__(self) -> None:
-            self.model, self.inline_batch = model, inline_batch
-            self.batcher: Batcher | None = None
-            self.runs = Runs(model, Metrics())
+    def infer(inputs, outputs=None):
+        threads.append(threading.get_ident())
+        return real(inputs, outputs)
 
-    version = Version()
-    answer = run(run_request(version, {"input": DIGITS[:3]}, 3, ["logits"]))
+    async def scenario():
+        built = scheduler(model, inline_batch)
+        assert built.batching is None
+        answer = await built.run({"input": DIGITS[:3]}, 3, ["logits"])
+        await built.stop()
+        return built, answer
+
+    monkeypatch.setattr(model, "infer", infer)
+    built, answer = run(scenario())
     assert list(answer) == ["logits"] and answer["logits"].shape == (3, 10)
-    assert version.runs.statistics.execution_count == 1
+    assert built.runs.statistics.execution_count == 1
+    assert (threads == [threading.get_ident()]) is bool(inline_batch)
+
+
+def test_a_scheduler_batches_within_its_inline_bound_and_runs_larger_requests_alone(
+    model, monkeypatch
+) -> None:
+    """Batching on, inline: requests that arrive together share one run on the loop, in
+    batches within the inline bound; a request larger than the bound runs alone on a thread,
+    past the batcher."""
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        built = scheduler(model, inline_batch=4, max_batch_size=64)
+        assert built.batching == Batching(4, True, 1)
+        answers = await asyncio.gather(
+            *(built.run({"input": DIGITS[i : i + 1]}, 1) for i in range(4)),
+            built.run({"input": DIGITS[:9]}, 9),
+        )
+        await built.stop()
+        return answers
+
+    answers = run(scenario())
+    assert sorted(recorder.sizes) == [4, 9]
+    assert [a["logits"].shape[0] for a in answers] == [1, 1, 1, 1, 9]
+
+
+def test_a_stopped_scheduler_answers_every_request(model) -> None:
+    """Stopping fails what waits in a batch; a request that comes after the stop (none should:
+    the repository stops a version once it has drained) is answered by a run of its own,
+    never left waiting on a batcher whose gathering has ended."""
+
+    async def scenario():
+        built = Scheduler(model, Runs(model, Metrics()), Metrics(), 0, 64, 5_000_000)
+        built.start()
+        waiting = asyncio.ensure_future(built.run({"input": DIGITS[:1]}, 1))
+        await asyncio.sleep(0.05)  # in a batch waiting out its delay
+        await built.stop()
+        (error,) = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 5)
+        late = await asyncio.wait_for(built.run({"input": DIGITS[:2]}, 2), 5)
+        return error, late, built.batching
+
+    error, late, batching = run(scenario())
+    assert isinstance(error, RuntimeError) and "shutting down" in str(error)
+    assert late["logits"].shape == (2, 10) and batching is None

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from service.activations import CHUNK
+from service.batching import Batching
 from service.dataplane import DataPlane
 from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
@@ -203,10 +204,8 @@ async def test_cheap_batches_run_on_the_loop_and_larger_ones_on_a_thread(
     try:
         loop_thread = threading.get_ident()
         assert core.repository is not None
-        batcher = core.repository.get("digits-mlp", "2").batcher
-        assert (batcher is not None) is batching
-        if batcher is not None:
-            assert batcher.inline and batcher.max_batch_size == 4
+        batches = core.repository.get("digits-mlp", "2").scheduler.batching
+        assert batches == (Batching(4, True, 1) if batching else None)
         threads.clear()
         small = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:4])]))
         large = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:9])]))
@@ -222,7 +221,8 @@ async def test_inline_bound_zero_runs_everything_on_threads(settings_factory) ->
     await core.start()
     try:
         assert core.repository is not None
-        assert not any(s.batcher and s.batcher.inline for s in core.repository.all())
+        batches = [s.scheduler.batching for s in core.repository.all()]
+        assert not any(b and b.inline for b in batches)
         result = await core.infer("digits-mlp", None, InferenceRequest([RequestInput(DIGITS[:2])]))
         assert result.outputs["logits"].shape == (2, 10)
     finally:

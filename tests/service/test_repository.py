@@ -230,8 +230,8 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
             caplog.text
         )
         assert core.repository is not None
-        batcher = core.repository.get("digits-mlp").batcher
-        assert batcher is not None and batcher.instances == 2
+        batches = core.repository.get("digits-mlp").scheduler.batching
+        assert batches is not None and batches.instances == 2
     finally:
         await core.stop()
 
