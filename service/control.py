@@ -46,9 +46,9 @@ class ModelControl:
         its on_demand budget in that mode."""
         return cls(core.settings, core.started_repository, lambda: core.on_demand)
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model in the repository with its versions' states and reasons."""
-        return self._repository().index(ready_only)
+        return await self._repository().index(ready_only)
 
     async def load(self, name: str, parameters: Iterable[str] = ()) -> None:
         """Load or reload ``name`` (explicit and on_demand modes), as its repository directory

@@ -364,7 +364,8 @@ class Metrics:
             ["model"], registry=registry,
         )  # fmt: skip
         self.loaded_models = Gauge(
-            "gelu_loaded_models", "on_demand: models loaded (this process's)",
+            "gelu_loaded_models", "on_demand: models loaded, as GELU_MAX_LOADED_MODELS "
+            "counts them: ensembles aside (this process's)",
             registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
         self.loaded_model_bytes = Gauge(

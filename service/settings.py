@@ -274,7 +274,8 @@ class Settings(BaseSettings):
         0,
         ge=0,
         description="on_demand: at most this many models loaded at once (0: no bound); the "
-        "least recently used is unloaded to make room.",
+        "least recently used is unloaded to make room. Ensembles hold no session and are not "
+        "counted.",
     )
     model_memory_bytes: int = Field(
         0,

@@ -621,7 +621,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return reply
 
     async def _RepositoryIndex(self, request: Any, call: Call) -> pb.RepositoryIndexResponse:
-        models = self.control.index(request.ready)
+        models = await self.control.index(request.ready)
         return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
 
     async def _RepositoryModelLoad(

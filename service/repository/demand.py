@@ -11,7 +11,9 @@ A fleet of models drops no request (issue 62, item 7):
 - A model with requests running or queued (``Served.in_flight``), or waiting for its load, is
   never unloaded to make room. When every other loaded model is in use, a load waits for one
   to fall idle (the repository tells this as a version's last request ends), within its
-  requests' deadlines; it fails at once only when every other loaded model is pinned.
+  requests' deadlines; it fails at once only when every other loaded model is pinned. An
+  ensemble holds no session and takes no room (``ModelRepository.loaded``): the only requests
+  that wait for a load while in flight are an ensemble's, so no load waits on its own waiter.
 - A model loads before anything is unloaded for it, so one that cannot load evicts nothing.
   Its refusal is remembered: until its files change, or a back-off has passed (doubling from
   ``RETRY_FIRST_S`` to ``RETRY_LAST_S`` while the files stay as they were), a request for it

@@ -12,6 +12,7 @@ parsed, handed to the runtime and fed to the warm-up.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import stat
@@ -48,9 +49,11 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def model_names(root: Path) -> list[str]:
-    """The models a repository holds: its directories (export's ``.staging`` ones aside)."""
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+def model_names(root: Path, limit: int | None = None) -> list[str]:
+    """The models a repository holds: its directories (export's ``.staging`` ones aside); with
+    ``limit``, those among its first ``limit`` entries (in the directory's own order)."""
+    entries = itertools.islice(root.iterdir(), limit)
+    return sorted(p.name for p in entries if p.is_dir() and not p.name.startswith("."))
 
 
 @contextmanager

@@ -56,6 +56,8 @@ READY, UNAVAILABLE = "READY", "UNAVAILABLE"
 Scan = dict[int, tuple[int, ...] | None]  # version -> file signature (None: unreadable)
 # A model name is one directory entry: longer ones are refused without asking the disk.
 NAME_MAX = 255
+# The repository index reads at most this many entries of the repository's directory.
+INDEX_MAX = 10_000
 
 
 @dataclass(eq=False)
@@ -176,11 +178,15 @@ class ModelRepository:
             listener()
 
     def loaded(self) -> dict[str, tuple[int, int]]:
-        """Each loaded model's last use (``time.perf_counter_ns``) and its sessions' bytes."""
+        """Each loaded model that holds sessions, the room on_demand counts: its last use
+        (``time.perf_counter_ns``) and its sessions' bytes. An ensemble holds none (its steps
+        run as requests of their own): it takes no room, so its request in flight, waiting
+        for a step to load, never holds the room that load waits for."""
         return {
             name: (max(s.last_used for s in versions.values()),
                    sum(s.memory_bytes for s in versions.values()))
             for name, versions in self._serving.items()
+            if not any(s.model.config.steps for s in versions.values())
         }  # fmt: skip
 
     def statistics(self, name: str | None, version: str | None) -> list[dict[str, object]]:
@@ -198,12 +204,16 @@ class ModelRepository:
         """The largest batch one request may carry for ``model``."""
         return self.settings.max_request_batch or model.config.max_batch_size
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: every model in the repository with each version's state
-        and reason; a model never loaded is listed by name alone."""
-        names = set(self._serving) | set(self._states)
-        if self.root.is_dir():
-            names |= set(model_names(self.root))
+        and reason; a model never loaded is listed by name alone.
+
+        The repository's directory is listed on a worker thread, and only its first
+        ``INDEX_MAX`` entries (a log line says when there are more): what the event loop does
+        here grows with the models loaded or tried and at most ``INDEX_MAX`` names, however
+        many entries the directory holds (issue 62, item 11, as ``check_name``)."""
+        listed = await anyio.to_thread.run_sync(self._listed)
+        names = set(listed) | set(self._serving) | set(self._states)
         entries: list[dict[str, str]] = []
         for name in sorted(names):
             states = self._states.get(name)
@@ -265,6 +275,20 @@ class ModelRepository:
         )
         if not (plain and await anyio.to_thread.run_sync(self._is_model_dir, name)):
             raise NotFoundError(f"no model {name!r} in the repository")
+
+    def _listed(self) -> list[str]:
+        """The models among the root's first ``INDEX_MAX`` entries; none if it is unreadable."""
+        try:
+            names = model_names(self.root, INDEX_MAX + 1)
+        except OSError:  # gone, or not a directory: the index lists what it knows
+            return []
+        if len(names) > INDEX_MAX:
+            logger.warning(
+                "the repository index lists %d of the models in %s: it holds more entries",
+                INDEX_MAX,
+                self.root,
+            )
+        return names[:INDEX_MAX]
 
     def _is_model_dir(self, name: str) -> bool:
         try:

@@ -174,7 +174,7 @@ async def repository_index(request: Request) -> Response:
     ready = (await _optional_object(request, shape)).get("ready", False)
     if not isinstance(ready, bool):
         raise BadInputError(f"body must be a JSON object {shape}")
-    return _json(get_control(request).index(ready))
+    return _json(await get_control(request).index(ready))
 
 
 @router.post(

@@ -91,7 +91,9 @@ async def test_a_mis_wired_ensemble_is_refused_with_the_reason(
     core = DataPlane(settings_factory(model_repository=repo, exit_on_error=False))
     await core.start()
     try:
-        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == DEFAULT_ENSEMBLE]
+        (entry,) = [
+            e for e in await ModelControl.over(core).index() if e["name"] == DEFAULT_ENSEMBLE
+        ]
         assert entry["state"] == "UNAVAILABLE" and reason in entry["reason"]
         assert "digits-mlp" in core.model_names()  # the rest serve
     finally:
@@ -107,7 +109,7 @@ async def test_a_step_may_not_be_an_ensemble(settings_factory, repo: Path) -> No
     core = DataPlane(settings_factory(model_repository=repo, exit_on_error=False))
     await core.start()
     try:
-        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "nested"]
+        (entry,) = [e for e in await ModelControl.over(core).index() if e["name"] == "nested"]
         assert "a step may not be an ensemble" in entry["reason"]
     finally:
         await core.stop()

@@ -61,7 +61,7 @@ async def test_models_load_at_their_first_request_and_the_least_used_make_room(
     core = await started(settings_factory, many, max_loaded_models=3, pinned_models=["m0"])
     try:
         assert loaded(core) == ["m0"]  # only the pinned at start
-        assert {"name": "m1"} in ModelControl.over(core).index()  # listed, never loaded
+        assert {"name": "m1"} in await ModelControl.over(core).index()  # listed, never loaded
         answers = {}
         for name in ("m1", "m2"):
             answers[name] = (await core.infer(name, None, request())).outputs["logits"]
@@ -69,7 +69,7 @@ async def test_models_load_at_their_first_request_and_the_least_used_make_room(
         await core.infer("m1", None, request())  # m2 is now the least recently used
         await core.infer("m3", None, request())
         assert loaded(core) == ["m0", "m1", "m3"]
-        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "m2"]
+        (entry,) = [e for e in await ModelControl.over(core).index() if e["name"] == "m2"]
         assert entry["state"] == "UNAVAILABLE" and "make room for 'm3'" in entry["reason"]
         for name in ("m4", "m5", "m2"):  # the pinned one is never the one unloaded
             await core.infer(name, None, request())

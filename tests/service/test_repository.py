@@ -4,6 +4,7 @@ serving, swaps and unloads that lose no request, and polling."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import shutil
 import time
@@ -86,9 +87,11 @@ async def test_a_model_that_fails_to_load(settings_factory, repo: Path) -> None:
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
         assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp"]
-        (entry,) = [e for e in ModelControl.over(core).index() if e["name"] == "digits-mlp-tanh"]
+        (entry,) = [
+            e for e in await ModelControl.over(core).index() if e["name"] == "digits-mlp-tanh"
+        ]
         assert entry["state"] == "UNAVAILABLE" and "cannot load it" in entry["reason"]
-        ready = ModelControl.over(core).index(ready_only=True)
+        ready = await ModelControl.over(core).index(ready_only=True)
         assert {e["name"] for e in ready} == {"digits-autoencoder", "digits-mlp"}
         text = core.metrics.exposition().decode()
         assert 'gelu_model_load_failures_total{model="digits-mlp-tanh"} 1.0' in text
@@ -115,13 +118,13 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
     control = ModelControl.over(core)
     try:
         assert core.model_names() == ["digits-mlp"]
-        assert {"name": "digits-mlp-tanh"} in control.index()  # never loaded
+        assert {"name": "digits-mlp-tanh"} in await control.index()  # never loaded
         await control.load("digits-mlp-tanh")
         assert (await core.infer("digits-mlp-tanh", None, request())).outputs["logits"].shape
         await control.unload("digits-mlp")
         with pytest.raises(NotFoundError):
             await core.infer("digits-mlp", None, request())
-        states = [e for e in control.index() if e["name"] == "digits-mlp"]
+        states = [e for e in await control.index() if e["name"] == "digits-mlp"]
         assert {(e["version"], e["state"], e["reason"]) for e in states} == {
             ("1", "UNAVAILABLE", "unloaded"), ("2", "UNAVAILABLE", "unloaded")
         }  # fmt: skip
@@ -129,14 +132,14 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
         assert core.model_info("digits-mlp").versions == ["1", "2"]
         with pytest.raises(NotFoundError, match="no model 'nope'"):
             await control.load("nope")
-        index = control.index()
+        index = await control.index()
         # only a model's own directory, by its own name: no other path becomes an index entry
         (repo / ".staging").mkdir()
         for path in ("", ".", "..", ".staging", "digits-mlp/", "digits-mlp/1", "digits-mlp/./1"):
             for change in (control.load, control.unload):
                 with pytest.raises(NotFoundError, match=f"no model {path!r}"):
                     await change(path)
-        assert control.index() == index
+        assert await control.index() == index
         assert 'model=""' not in core.metrics.exposition().decode()
         (repo / "digits-autoencoder" / "config.pbtxt").write_text("name: ")
         with pytest.raises(BadInputError, match="failed to load 'digits-autoencoder'"):
@@ -187,8 +190,9 @@ async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) ->
     )
 
     async def until(condition, what: str) -> None:
+        """Until ``condition()`` (awaited when it is a coroutine function) is true."""
         deadline = time.monotonic() + 10
-        while not condition():
+        while not (await condition() if inspect.iscoroutinefunction(condition) else condition()):
             assert time.monotonic() < deadline, what
             await asyncio.sleep(0.05)
 
@@ -199,13 +203,18 @@ async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) ->
         (repo / "digits-mlp" / "4" / "model.onnx").write_bytes(b"half a file")
         (repo / "digits-mlp" / "3" / "model.onnx").write_bytes(b"half a file")
 
-        def states() -> dict[str, tuple[str, str]]:
-            entries = [e for e in ModelControl.over(core).index() if e["name"] == "digits-mlp"]
-            return {e["version"]: (e["state"], e["reason"]) for e in entries}
+        async def states() -> dict[str, tuple[str, str]]:
+            index = await ModelControl.over(core).index()
+            return {e["version"]: (e["state"], e["reason"]) for e in index
+                    if e["name"] == "digits-mlp"}  # fmt: skip
 
-        await until(lambda: "4" in states(), "the corrupt new version reported")
-        assert states()["4"][0] == "UNAVAILABLE" and "cannot load it" in states()["4"][1]
-        assert states()["3"][0] == "READY" and "new files failed to load" in states()["3"][1]
+        async def reported() -> bool:
+            return "4" in await states()
+
+        await until(reported, "the corrupt new version reported")
+        now = await states()
+        assert now["4"][0] == "UNAVAILABLE" and "cannot load it" in now["4"][1]
+        assert now["3"][0] == "READY" and "new files failed to load" in now["3"][1]
         assert core.model_info("digits-mlp").versions == ["1", "2", "3"]  # the old v3 serves
         assert (await core.infer("digits-mlp", "3", request())).outputs["logits"].shape == (1, 10)
         write_model(repo, "digits-mlp-new", 1)
@@ -343,7 +352,7 @@ async def test_a_warmup_that_does_not_fit_refuses_the_version(settings_factory, 
     (repo / "digits-mlp" / "warmup" / "zero").write_bytes(DIGITS[0].astype("<f4").tobytes())
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
-        (entry,) = [e for e in ModelControl.over(core).index() if e.get("version") == "2"
+        (entry,) = [e for e in await ModelControl.over(core).index() if e.get("version") == "2"
                     and e["name"] == "digits-mlp"]  # fmt: skip
         assert entry["state"] == "UNAVAILABLE" and "input 'pixels' is not one of" in entry["reason"]
     finally:

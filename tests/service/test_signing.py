@@ -50,8 +50,10 @@ def signed(tmp_path: Path, model_repository: Path) -> tuple[Path, Path, Path]:
     return root, private, public
 
 
-def _states(core: DataPlane, name: str) -> dict[str, tuple[str, str]]:
-    entries = [e for e in ModelControl.over(core).index() if e["name"] == name and "version" in e]
+async def _states(core: DataPlane, name: str) -> dict[str, tuple[str, str]]:
+    entries = [
+        e for e in await ModelControl.over(core).index() if e["name"] == name and "version" in e
+    ]
     return {e["version"]: (e["state"], e["reason"]) for e in entries}
 
 
@@ -81,12 +83,12 @@ async def test_a_signed_repository_serves_and_each_bad_version_is_refused(
     )
     await core.start()
     try:
-        assert _states(core, "digits-mlp")["2"][0] == "READY"
-        state, reason = _states(core, "digits-mlp")["1"]
+        assert (await _states(core, "digits-mlp"))["2"][0] == "READY"
+        state, reason = (await _states(core, "digits-mlp"))["1"]
         assert state == "UNAVAILABLE" and "signature does not verify" in reason
         assert "model.onnx changed since it was signed" in reason
-        assert "unsigned (no model.sig)" in _states(core, "digits-mlp-tanh")["1"][1]
-        assert "signature does not verify" in _states(core, "digits-autoencoder")["1"][1]
+        assert "unsigned (no model.sig)" in (await _states(core, "digits-mlp-tanh"))["1"][1]
+        assert "signature does not verify" in (await _states(core, "digits-autoencoder"))["1"][1]
         result = await core.infer("digits-mlp", "2", _request())
         assert result.outputs["logits"].shape == (1, 10)
     finally:
@@ -119,8 +121,9 @@ async def test_poll_refuses_a_bad_new_version_and_keeps_serving(
             await asyncio.sleep(0.005)
 
     async def until(condition, what: str) -> None:
+        """Until ``condition`` holds of digits-mlp's states in the index."""
         deadline = time.monotonic() + 15
-        while not condition():
+        while not condition(await _states(core, "digits-mlp")):
             assert time.monotonic() < deadline, what
             await asyncio.sleep(0.05)
 
@@ -129,14 +132,14 @@ async def test_poll_refuses_a_bad_new_version_and_keeps_serving(
         new = root / "digits-mlp" / "3"
         shutil.copytree(root / "digits-mlp" / "2", new)
         (new / SIGNATURE_FILENAME).unlink()
-        await until(lambda: "3" in _states(core, "digits-mlp"), "the unsigned version seen")
-        assert "unsigned" in _states(core, "digits-mlp")["3"][1]
+        await until(lambda states: "3" in states, "the unsigned version seen")
+        assert "unsigned" in (await _states(core, "digits-mlp"))["3"][1]
         sign(new, other)
-        await until(lambda: "does not verify" in _states(core, "digits-mlp")["3"][1], "other key")
+        await until(lambda states: "does not verify" in states["3"][1], "other key")
         sign(new, private)
-        await until(lambda: _states(core, "digits-mlp")["3"][0] == "READY", "signed: serves")
+        await until(lambda states: states["3"][0] == "READY", "signed: serves")
         _flip_a_byte(new / "model.onnx")
-        await until(lambda: "new files failed" in _states(core, "digits-mlp")["3"][1], "altered")
+        await until(lambda states: "new files failed" in states["3"][1], "altered")
         assert "3" in core.model_info("digits-mlp").versions  # the verified one still serves
     finally:
         asker.cancel()

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.dataplane import DataPlane
@@ -18,10 +19,25 @@ from service.inference import InferenceRequest, RequestInput
 from service.repository import demand
 from service.runtime import Model
 from tests.helpers import DIGITS
-from tests.onnx_models import write_model
+from tests.onnx_models import write_model, write_scaling
 
 pytestmark = pytest.mark.anyio
 MODELS = [f"m{i}" for i in range(12)]
+SCALE = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+"""
+STEP = """{{ model_name: "{name}" model_version: -1
+  input_map {{ key: "x" value: "{source}" }} output_map {{ key: "y" value: "{target}" }} }}"""
+CHAIN = """name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {first}, {second} ] }}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -179,5 +195,40 @@ async def test_a_fleet_drops_no_request(settings_factory, many: Path) -> None:
         assert not failures, failures[:3]
         assert len(loaded(core)) <= 3
         assert metric(core, "gelu_model_evictions_total") > 10
+    finally:
+        await core.stop()
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``chain``, an ensemble of ``double`` (x 2) then ``triple`` (x 3)."""
+    root = tmp_path_factory.mktemp("chained")
+    for name, factor in (("double", 2.0), ("triple", 3.0)):
+        write_scaling(root / name / "1", factor)
+        (root / name / "config.pbtxt").write_text(SCALE.format(name=name))
+    (root / "chain" / "1").mkdir(parents=True)
+    first = STEP.format(name="double", source="x", target="twice")
+    second = STEP.format(name="triple", source="twice", target="y")
+    (root / "chain" / "config.pbtxt").write_text(CHAIN.format(first=first, second=second))
+    return root
+
+
+async def test_an_ensemble_waits_for_no_room_its_own_request_holds(
+    settings_factory, chained: Path
+) -> None:
+    """One model loaded at most, no timeout (GELU_DEFAULT_TIMEOUT_US=0): a request for an
+    ensemble holds the ensemble in flight while each step loads. Counted as a loaded model, the
+    ensemble took the one room its step waited for, and the request waited forever. An
+    ensemble holds no session and takes no room: each step loads in turn, the one before
+    unloaded for it, and the request is answered."""
+    core = await started(settings_factory, chained, max_loaded_models=1, default_timeout_us=0)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    try:
+        for _ in range(2):
+            chain = InferenceRequest([RequestInput(x, "x", "FP32")])
+            answer = await asyncio.wait_for(core.infer("chain", None, chain), 10)
+            np.testing.assert_array_equal(answer.outputs["y"], 6 * x)
+        assert loaded(core) == ["chain", "triple"]  # the ensemble, and one model's session
+        assert metric(core, "gelu_loaded_models") == 1
     finally:
         await core.stop()

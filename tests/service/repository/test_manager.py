@@ -45,8 +45,8 @@ def request() -> InferenceRequest:
     return InferenceRequest([RequestInput(DIGITS[:1], "input", "FP32")])
 
 
-def entries(core: DataPlane, name: str) -> list[dict[str, str]]:
-    return [e for e in ModelControl.over(core).index() if e["name"] == name]
+async def entries(core: DataPlane, name: str) -> list[dict[str, str]]:
+    return [e for e in await ModelControl.over(core).index() if e["name"] == name]
 
 
 def failing(real, name: str, error: BaseException):
@@ -73,7 +73,9 @@ async def test_any_error_of_a_version_is_its_refusal(
     try:
         assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp-tanh"]
         assert (await core.infer("digits-mlp-tanh", None, request())).outputs["logits"].shape
-        states = {e["version"]: (e["state"], e["reason"]) for e in entries(core, "digits-mlp")}
+        states = {
+            e["version"]: (e["state"], e["reason"]) for e in await entries(core, "digits-mlp")
+        }
         assert set(states) == {"1", "2"}
         assert all(s == "UNAVAILABLE" and type(error).__name__ in r for s, r in states.values())
         caplog.clear()
@@ -96,7 +98,7 @@ async def test_any_error_of_a_config_is_the_models_refusal(
     core = await started(settings_factory, repo, exit_on_error=False)
     try:
         assert sorted(core.model_names()) == ["digits-autoencoder", "digits-mlp-tanh"]
-        (entry,) = entries(core, "digits-mlp")  # the model as a whole: no version read
+        (entry,) = await entries(core, "digits-mlp")  # the model as a whole: no version read
         assert entry["state"] == "UNAVAILABLE"
         assert entry["reason"].startswith(f"digits-mlp/config.pbtxt: {type(error).__name__}")
     finally:
@@ -142,10 +144,12 @@ async def test_the_poller_outlives_a_bad_config(
         # what served before the bad files still serves, and the index says why not the new
         for name in ("digits-mlp-tanh", "digits-autoencoder"):
             assert name in core.model_names()
-            reasons = [e["reason"] for e in entries(core, name)]
+            reasons = [e["reason"] for e in await entries(core, name)]
             assert all(r.startswith("new files failed to load") for r in reasons), reasons
-        assert "RecursionError" in entries(core, "digits-autoencoder")[0]["reason"]
-        assert "digits-mlp-tanh/config.pbtxt" in entries(core, "digits-mlp-tanh")[0]["reason"]
+        assert "RecursionError" in (await entries(core, "digits-autoencoder"))[0]["reason"]
+        assert (
+            "digits-mlp-tanh/config.pbtxt" in (await entries(core, "digits-mlp-tanh"))[0]["reason"]
+        )
     finally:
         await core.stop()
 
@@ -191,3 +195,31 @@ async def test_an_unknown_name_is_looked_up_off_the_loop(
         assert {entry for entry in looked[1:]} == {("digits-mlp", False)}  # its load's too
     finally:
         await core.stop()
+
+
+async def test_the_index_lists_the_repository_off_the_loop_and_bounded(
+    settings_factory, repo: Path, monkeypatch, caplog
+) -> None:
+    """Issue 62, item 11: the index lists the repository's directory on a worker thread, and
+    reads at most INDEX_MAX of its entries, however many it holds; the models loaded or tried
+    are listed whatever was read."""
+    listed: list[tuple[int | None, bool]] = []
+    real = manager.model_names
+
+    def model_names(root: Path, limit: int | None = None) -> list[str]:
+        listed.append((limit, threading.current_thread() is threading.main_thread()))
+        return real(root, limit)
+
+    for number in range(5):
+        (repo / f"extra-{number}").mkdir()
+    core = await started(settings_factory, repo, model_control_mode="explicit",
+                         load_models=["digits-mlp"])  # fmt: skip
+    monkeypatch.setattr(manager, "model_names", model_names)
+    monkeypatch.setattr(manager, "INDEX_MAX", 2)
+    try:
+        names = {e["name"] for e in await ModelControl.over(core).index()}
+    finally:
+        await core.stop()
+    assert listed == [(3, False)]
+    assert "digits-mlp" in names and len(names - {"digits-mlp"}) <= 2
+    assert "lists 2 of the models" in caplog.text
