@@ -1,9 +1,10 @@
 """Regenerate ``model_config_pb2.py`` and ``.pyi`` from Triton's ``model_config.proto``:
 ``make protos`` (needs grpcio-tools, a dev dependency).
 
-As ``service/grpc/generate.py`` does for the gRPC face, the generated module is given a private
-descriptor pool (``POOL``): Triton's messages are named ``inference.*``, as are tritonclient's
-copy of them and the gRPC face's, and protobuf's default pool refuses a name registered twice.
+The generated module is given a private descriptor pool (``POOL``; ``private_modules``, which
+``service/grpc/generate.py`` uses too): Triton's messages are named ``inference.*``, as are
+tritonclient's copy of them and the gRPC face's, and protobuf's default pool refuses a name
+registered twice.
 The module also carries NVIDIA's licence text (``LICENSE``), so that the notice travels with the
 code wherever the package goes. Nothing else in protoc's output changes;
 ``tests/contract/test_model_config.py`` checks that the shipped modules are what this produces.
@@ -22,7 +23,7 @@ OUTPUTS = ("model_config_pb2.py", "model_config_pb2.pyi")
 DEFAULT_POOL = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
 PRIVATE_POOL = (
     "# gelu-serve: a private descriptor pool, so that these `inference.*` names never\n"
-    "# collide with a client library's copy of Triton's messages (contract/triton/generate.py).\n"
+    "# collide with a client library's copy of them (contract/triton/generate.py).\n"
     "POOL = _descriptor_pool.DescriptorPool()\n"
     "DESCRIPTOR = POOL.AddSerializedFile("
 )
@@ -40,24 +41,34 @@ def _replace_once(text: str, old: str, new: str, what: str) -> str:
     return text.replace(old, new)
 
 
-def generate() -> dict[str, str]:
-    """The generated modules' text, with the private pool and the licence."""
+def private_modules(proto: str, grpc: bool = False) -> dict[str, str]:
+    """protoc's Python modules of ``proto`` (a path from the repository root), by file name:
+    ``*_pb2.py`` with its messages in a private pool, its ``.pyi`` saying so, and with ``grpc``
+    the ``*_pb2_grpc.py`` stubs."""
     from grpc_tools import protoc
 
+    folder, stem = Path(proto).parent, Path(proto).stem
     with tempfile.TemporaryDirectory() as out:
         arguments = ["protoc", f"-I{ROOT}", f"--python_out={out}", f"--pyi_out={out}"]
-        if protoc.main([*arguments, str(ROOT / PROTO)]) != 0:
-            raise SystemExit(f"protoc failed on {PROTO}")
-        generated = {
-            name: (Path(out) / "contract" / "triton" / name).read_text() for name in OUTPUTS
-        }
+        if grpc:
+            arguments.append(f"--grpc_python_out={out}")
+        if protoc.main([*arguments, str(ROOT / proto)]) != 0:
+            raise SystemExit(f"protoc failed on {proto}")
+        generated = {path.name: path.read_text() for path in (Path(out) / folder).iterdir()}
+    module, stub = f"{stem}_pb2.py", f"{stem}_pb2.pyi"
+    generated[module] = _replace_once(generated[module], DEFAULT_POOL, PRIVATE_POOL, "output")
+    generated[stub] = _replace_once(generated[stub], STUB_DESCRIPTOR, STUB_POOL, "stub")
+    return generated
+
+
+def generate() -> dict[str, str]:
+    """The generated modules' text, with the private pool and the licence."""
+    generated = private_modules(PROTO)
     notice = "".join(
         f"# {line}".rstrip() + "\n" for line in (HERE / "LICENSE").read_text().splitlines()
     )
-    module = _replace_once(generated[OUTPUTS[0]], DEFAULT_POOL, PRIVATE_POOL, "output")
-    coding, rest = module.split("\n", 1)  # the coding line stays first
-    stub = _replace_once(generated[OUTPUTS[1]], STUB_DESCRIPTOR, STUB_POOL, "stub")
-    return {OUTPUTS[0]: f"{coding}\n{notice}{rest}", OUTPUTS[1]: stub}
+    coding, rest = generated[OUTPUTS[0]].split("\n", 1)  # the coding line stays first
+    return {OUTPUTS[0]: f"{coding}\n{notice}{rest}", OUTPUTS[1]: generated[OUTPUTS[1]]}
 
 
 def main() -> None:
