@@ -64,9 +64,11 @@ def probed(
     probe: Callable[[int], int] | None,
     env: dict[str, str],
     args: tuple[str, ...] = (),
+    command: Callable[[int], list[str]] | None = None,
 ) -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """``running``, ready when ``probe(port)`` answers 200 (None: a plaintext GET of
-    readiness)."""
+    readiness); ``command(port)`` the server's command line instead of ``gelu-serve serve``
+    with ``args``."""
     port = free_port()
     environment = {
         **os.environ,
@@ -76,8 +78,9 @@ def probed(
         "GELU_GRPC_PORT": "0",
         **env,
     }
+    argv = command(port) if command else [sys.executable, "-m", "cli", "serve", "--port", str(port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
+        [*argv, *args],
         cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -10,9 +10,6 @@ open to anyone who reaches it) and Triton's CVE-2024-0087 (the logging settings 
 from __future__ import annotations
 
 import http.client
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.auth import CLASSES
 from service.rest.app import create_app
 from service.settings import Settings
-from tests.servers import ROOT, free_port, probed, wait_ready, wait_until
+from tests.servers import probed, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "control-token-0123456789"
@@ -90,24 +87,15 @@ def request(
 def root_path_server(model_repository: Path) -> Iterator[int]:
     """``uvicorn --factory service.rest.app:create_app --root-path /api``, GELU_CONTROL_TOKEN
     set, models under explicit control (so that an unload answers 200)."""
-    port = free_port()
-    env = {
-        **os.environ, "GELU_MODEL_REPOSITORY": str(model_repository), "GELU_WARMUP_RUNS": "1",
-        "GELU_GRPC_PORT": "0", "GELU_DRAIN_SECONDS": "0", "GELU_CONTROL_TOKEN": TOKEN,
-        "GELU_MODEL_CONTROL_MODE": "explicit", "GELU_LOAD_MODELS": "digits-mlp",
-    }  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "service.rest.app:create_app",
-         "--root-path", "/api", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_ready(port, process)
+    env = {"GELU_CONTROL_TOKEN": TOKEN, "GELU_MODEL_CONTROL_MODE": "explicit",
+           "GELU_LOAD_MODELS": "digits-mlp"}  # fmt: skip
+
+    def uvicorn(port: int) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "--factory", "service.rest.app:create_app",
+                "--root-path", "/api", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+
+    with probed(model_repository, None, env, command=uvicorn) as (port, _):
         yield port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        assert "Traceback" not in output, output
 
 
 @pytest.fixture(scope="module")
