@@ -194,7 +194,7 @@ exit_code=$(docker inspect --format '{{.State.ExitCode}}' "$CONTAINER")
 # The logs whole first: under pipefail, `docker logs | grep -q` fails whenever grep stops
 # reading at its match before docker has written the last lines (SIGPIPE).
 logs=$(docker logs "$CONTAINER" 2>&1)
-grep -q "Application shutdown complete" <<<"$logs" \
+grep -q "shutdown complete: both faces and the core stopped" <<<"$logs" \
     || { printf '%s\n' "$logs"; echo "no clean shutdown"; exit 1; }
 echo "SIGTERM: clean shutdown, exit code $exit_code"
 [ "$exit_code" = 0 ] || { echo "unexpected exit code"; exit 1; }

@@ -62,3 +62,11 @@ def test_serving_image_stage_holds_no_training_stack() -> None:
     assert "torch" not in runtime and "[cpu,train]" not in runtime
     assert "USER 10001" in runtime and "HEALTHCHECK" in runtime
     assert ".[gpu,signing]" in (ROOT / "Dockerfile.cuda").read_text()
+
+
+def test_e2e_waits_for_the_hosts_own_shutdown_line() -> None:
+    """docker/e2e.sh judges a clean stop by the line the host logs once both faces and the
+    core have stopped: the same words as service.host's, or CI fails on a clean stop."""
+    from service.host import STOPPED
+
+    assert f'grep -q "{STOPPED}"' in (ROOT / "docker" / "e2e.sh").read_text()
