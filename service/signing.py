@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.signing import SIGNATURE_FILENAME, materialize
-from service.errors import ModelLoadError, StartupError
+from service.errors import ModelLoadError, StartupError, first_line
 
 if TYPE_CHECKING:
     from model_signing import verifying
@@ -95,4 +95,4 @@ def _reason(exc: Exception) -> str:
         for pattern, template in _MISMATCHES
         if pattern.search(text)
     ]
-    return "; ".join(found) if found else text.splitlines()[0][:300]
+    return "; ".join(found) if found else first_line(exc)[:300]

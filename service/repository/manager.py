@@ -306,19 +306,19 @@ class ModelRepository:
     @staticmethod
     def _fingerprint(model_dir: Path) -> tuple[tuple[str, int, int, int], ...]:
         entries: list[tuple[str, int, int, int]] = []
+
+        def stamp(name: str, entry: os.DirEntry[str]) -> None:
+            stat = entry.stat()
+            entries.append((name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
+
         try:
             with os.scandir(model_dir) as top:
                 for entry in top:
-                    stat = entry.stat()
-                    entries.append((entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
+                    stamp(entry.name, entry)
                     if entry.is_dir():
                         with os.scandir(entry.path) as inner:
                             for item in inner:
-                                stat = item.stat()
-                                name = f"{entry.name}/{item.name}"
-                                entries.append(
-                                    (name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-                                )
+                                stamp(f"{entry.name}/{item.name}", item)
         except OSError:
             entries.append(("", -1, -1, -1))  # unreadable: a state of its own
         return tuple(sorted(entries))
