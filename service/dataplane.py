@@ -283,8 +283,9 @@ class DataPlane:
     ) -> InferenceResult:
         """Check ``request`` against the model, run it (batched when the model batches) and
         return the outputs asked for."""
+        repository = self.started_repository()
         try:
-            served = self.started_repository().get(name, version)
+            served = repository.get(name, version)
         except NotFoundError:
             if self.on_demand is None:
                 raise
@@ -302,7 +303,7 @@ class DataPlane:
         served.last_used = began  # on_demand unloads the least recently used
         try:
             model = served.model
-            max_batch = self.started_repository().max_batch(model)
+            max_batch = repository.max_batch(model)
             inputs = model.checked_inputs(request.inputs, max_batch)
             outputs = model.checked_outputs(request)
             names = None if outputs is None else [o.name for o in outputs]
