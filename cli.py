@@ -79,15 +79,20 @@ def health_arguments(parser: argparse.ArgumentParser) -> None:
 
 def health(args: argparse.Namespace) -> None:
     """Exit 0 when the service on this host answers 200 at ``--path``, else 1: a probe for
-    Docker's HEALTHCHECK and Kubernetes' exec probes that works under TLS and mutual TLS. It
-    speaks TLS when GELU_TLS_CERT_FILE is set, without verifying the certificate (it talks to
-    127.0.0.1, its own container or pod), and presents GELU_TLS_PROBE_CERT_FILE if set."""
+    Docker's HEALTHCHECK and Kubernetes' exec probes that works under TLS, mutual TLS and
+    credentials. It reads the service's own settings: it speaks TLS when GELU_TLS_CERT_FILE is
+    set, without verifying the certificate (it talks to 127.0.0.1, its own container or pod),
+    presents GELU_TLS_PROBE_CERT_FILE if set, and sends a key of the ``health`` route class
+    when GELU_RESTRICTED_API restricts it."""
     import http.client
     import ssl
 
+    from service.auth import Restrictions
     from service.settings import load_settings
 
     settings = load_settings()
+    restrictions = Restrictions.from_settings(settings)
+    headers = restrictions.credential("health") if restrictions is not None else {}
     if settings.tls_cert_file is None:
         connection = http.client.HTTPConnection("127.0.0.1", args.port, timeout=args.timeout)
     else:
@@ -100,7 +105,7 @@ def health(args: argparse.Namespace) -> None:
             "127.0.0.1", args.port, timeout=args.timeout, context=context
         )
     try:
-        connection.request("GET", args.path)
+        connection.request("GET", args.path, headers=headers)
         status = connection.getresponse().status
     except OSError as exc:
         print(f"gelu-serve health: {exc}", file=sys.stderr)
@@ -133,7 +138,8 @@ SUBCOMMANDS = {
     ),
     "serve": Subcommand("serve the model repository over HTTP", "cli:serve_arguments", "cli:serve"),
     "health": Subcommand(
-        "exit 0 when the local service is ready (a probe; TLS and mutual TLS as configured)",
+        "exit 0 when the local service is ready (a probe; TLS, mutual TLS and credentials as "
+        "configured)",
         "cli:health_arguments",
         "cli:health",
     ),

@@ -11,7 +11,7 @@ It then drives the small model's V1, V2 JSON and V2 binary at c=64 (batching on)
 (on, then off), the two checkouts' points one right after the other, in the other order
 every other pass. Writes ``old-1.json`` and ``new-1.json`` to FOLDER, each a run's ``http``
 rows (the floor's in both), as ``gelu-serve bench --pool`` and
-``docs/runs/sitting-2026-11-28/compare.py`` read them.
+``python -m bench.compare`` read them.
 """
 
 from __future__ import annotations

@@ -300,7 +300,8 @@ class Run:
         Two identical servers can differ by more than batching on and off do at c=1, for as
         long as both run; with a pass's own processes, that difference is one more pass's
         noise, for the median over the passes (and over runs, ``bench.pool``) to average.
-        docs/performance.md has the measurements behind this and what else was tried.
+        docs/performance.md, "The batcher's constants, and other measured choices", has the
+        measurements behind this and what else was tried.
         """
         args, activation = self.args, self.activation
         on, off, again, beside = self.pass_servers(round_index, stack)

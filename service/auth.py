@@ -115,6 +115,12 @@ class Restrictions:
     def restricts(self, route_class: str) -> bool:
         return route_class in self.by_class
 
+    def credential(self, route_class: str) -> dict[str, str]:
+        """The header that passes ``route_class``: its group's first key (none where the class
+        is open). For the service's own health probe, which reads the service's settings."""
+        group = self.by_class.get(route_class)
+        return {} if group is None else {group.header: group.keys[0].decode("latin-1")}
+
     def check(self, route_class: str, value_of: dict[str, str]) -> None:
         """Pass, or raise 401 / 403 for a request of ``route_class`` whose headers (or
         metadata; lower-case names) are ``value_of``. ``UNMATCHED`` needs a key of every

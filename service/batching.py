@@ -65,7 +65,8 @@ from service.tracing import RequestTrace, batch_of
 Outputs = dict[str, np.ndarray]
 # Inline, with no queue delay, a batch gathers until this many loop iterations in a row have
 # brought no request: grpcio hands calls over a few iterations apart, where HTTP's requests of
-# one burst come in consecutive ones (docs/performance.md, "The batcher's constants").
+# one burst come in consecutive ones (docs/performance.md, "The batcher's constants, and other
+# measured choices").
 PATIENCE = 8
 # After the n-th look in a row for company that finds none (a batch of one request), requests
 # run unbatched, without looking, for QUIET_MS[n - 1] milliseconds (the last entry from then

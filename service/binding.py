@@ -1,7 +1,8 @@
 """A model on the GPU as Triton places it: ``instance_group { kind: KIND_GPU count: N }`` is N
 onnxruntime sessions on the device, and ``optimization { cuda { graphs: true } }`` a CUDA
 graph per batch size; with ``GELU_CUDA_IO_BINDING`` the other batches run through I/O binding,
-which measured slower than the plain run (docs/serving.md).
+which measured slower than the plain run (docs/serving.md, "Instances, CUDA graphs and I/O
+binding").
 
 A graph replays a captured run on fixed device buffers: a batch is padded with zeros up to the
 smallest captured size that holds it (one larger than every size runs uncaptured,

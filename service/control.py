@@ -1,5 +1,7 @@
-"""Model control, Triton's model repository extension: load, unload and the index, and who
-may call them. A handler of its own over the live repository (as MLServer's
+"""Model control, Triton's model repository extension: load, unload and the index, and the
+model control modes that allow them. Who may call them is not decided here: every request's
+credentials are checked in its face's envelope, before it reaches a route or method
+(``service.auth``). A handler of its own over the live repository (as MLServer's
 ``handlers/model_repository.py``), apart from inference and not a part of the core: whoever
 composes the service (``service.host.Host``, ``create_app`` alone, a Ray replica) builds one
 over the core's repository (``ModelControl.over``) and hands it to each face, the HTTP face

@@ -189,8 +189,8 @@ class _LeanFamily:
     """Labelled series kept as plain numbers and turned into samples only when scraped.
 
     For the series every request updates: prometheus_client's ``Counter`` takes a lock on each
-    update and its ``Histogram`` finds the bucket by a loop in Python, about 6 µs of a small
-    model's 40 µs request in all (``bench/asgi_path.py``; docs/performance.md). Updated on the
+    update and its ``Histogram`` finds the bucket by a loop in Python: microseconds of a small
+    model's request (``bench/asgi_path.py``; docs/performance.md, "Lean metrics"). Updated on the
     event loop's thread only, as ``service.statistics`` is; a scrape reads a snapshot. The
     exposition is prometheus_client's (a test holds the two side by side), less histograms'
     ``_created`` series. One process only: across workers, ``Metrics`` uses

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -161,11 +160,11 @@ def test_readme_targets_are_the_committed_run() -> None:
 
 
 def test_the_pooled_report_is_the_committed_runs(tmp_path: Path) -> None:
-    """docs/benchmarks-pooled.md is what `make bench-pool` makes of the runs in docs/runs/."""
+    """docs/benchmarks-pooled.md is what `make bench-pool` makes of the runs in runs/."""
     from bench.pool import report
 
-    runs = sorted((ROOT / "docs" / "runs").glob("*.json"))
-    assert len(runs) >= 2, "docs/runs/ keeps the runs the pooled report is made of"
+    runs = sorted((ROOT / "runs").glob("*.json"))
+    assert len(runs) >= 2, "runs/ keeps the runs the pooled report is made of"
     report(runs, tmp_path)
     expected = (tmp_path / "benchmarks-pooled.md").read_text()
     assert (ROOT / "docs" / "benchmarks-pooled.md").read_text() == expected
@@ -666,7 +665,7 @@ def test_the_first_tls_and_tracing_table_is_its_run() -> None:
     """performance.md's table of the first run that priced TLS and tracing is that run's."""
     from bench.results import OVER_TLS, TRACED
 
-    run = json.loads((ROOT / "docs/runs/tls-and-tracing-2026-11-27/benchmarks.json").read_text())
+    run = json.loads((ROOT / "runs/tls-and-tracing-2026-11-27/benchmarks.json").read_text())
     rps = {(r["scenario"], r["concurrency"]): r["rps"] for r in run["http"]}
     plain = rps[("v1 predict, batching on", 64)]
     table = (ROOT / "docs/performance.md").read_text()
@@ -676,22 +675,12 @@ def test_the_first_tls_and_tracing_table_is_its_run() -> None:
         assert ratios in table, name
 
 
-def _module(path: Path) -> Any:
-    """A script kept beside its runs in docs/runs/, imported."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
-    """docs/runs/tracing-off-2026-11-27 quotes what its pairs.py makes of its runs."""
-    folder = ROOT / "docs/runs/tracing-off-2026-11-27"
-    pairs = _module(folder / "pairs.py")
-    page = (folder / "README.md").read_text()
+    """docs/measurements/tracing-off-2026-11-27.md quotes what bench.pairs makes of its runs."""
+    from bench import pairs
+
+    folder = ROOT / "runs/tracing-off-2026-11-27"
+    page = (ROOT / "docs/measurements/tracing-off-2026-11-27.md").read_text()
     one, two = folder / "sitting-1.txt", folder / "sitting-2.txt"
     for files, a, b in [((one,), "head", "notrace"), ((two,), "head", "notrace"),
                         ((one, two), "head", "notrace"), ((two,), "head", "aa")]:  # fmt: skip
@@ -700,31 +689,36 @@ def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
 
 
 def test_the_sitting_of_2026_11_28_quotes_its_runs() -> None:
-    """docs/runs/sitting-2026-11-28 quotes what its compare.py makes of its runs: each
-    checkout by its own bench, and both by one harness (ab/)."""
-    folder = ROOT / "docs/runs/sitting-2026-11-28"
-    compare = _module(folder / "compare.py")
-    page = (folder / "README.md").read_text()
+    """docs/measurements/sitting-2026-11-28.md quotes what bench.compare makes of its runs:
+    each checkout by its own bench, and both by one harness (ab/)."""
+    from bench import compare
+
+    folder = ROOT / "runs/sitting-2026-11-28"
+    page = (ROOT / "docs/measurements/sitting-2026-11-28.md").read_text()
     assert compare.table(folder) in page
     assert compare.table(folder / "ab") in page
     assert compare.table(folder, folder / "ab") in page
 
 
 def test_the_gpu_runs_of_2026_11_28_quote_their_files() -> None:
-    """docs/runs/gpu-2026-11-28 quotes what its summary.py makes of its runs on the H200."""
-    folder = ROOT / "docs/runs/gpu-2026-11-28"
-    summary = _module(folder / "summary.py")
-    page = (folder / "README.md").read_text()
+    """docs/measurements/gpu-2026-11-28.md quotes what bench.gpu_summary makes of its runs on
+    the H200."""
+    from bench import gpu_summary as summary
+
+    folder = ROOT / "runs/gpu-2026-11-28"
+    page = (ROOT / "docs/measurements/gpu-2026-11-28.md").read_text()
+    sittings = {"5886f9a (runs 1-3)": (1, 2, 3), "43b2b15 (runs 4-5)": (4, 5)}
     assert summary.onnxruntime_table(folder) in page
-    assert summary.served_table(folder) in page
+    assert summary.served_table(folder, sittings) in page
     assert summary.served(4, folder)["digits-mlp", "cuda-graphs", 1] == 147.36
 
 
 def test_the_gpu_figures_quoted_are_the_runs() -> None:
-    """The README and docs/serving.md quote the H200 runs' per-run ratios as summary.py reads
-    them."""
-    folder = ROOT / "docs/runs/gpu-2026-11-28"
-    summary = _module(folder / "summary.py")
+    """docs/serving.md and its measurements page quote the H200 runs' per-run ratios as
+    bench.gpu_summary reads them."""
+    from bench import gpu_summary as summary
+
+    folder = ROOT / "runs/gpu-2026-11-28"
     runs = [summary.served(run, folder) for run in range(1, 6)]
 
     def span(model: str, mode: str, c: int, digits: int = 2) -> str:
@@ -734,7 +728,7 @@ def test_the_gpu_figures_quoted_are_the_runs() -> None:
     graphs = span("digits-mlp", "cuda-graphs", 1)
     wide = [span("fashion-mlp-wide", "cpu", c, digits=1) for c in (1, 64)]  # CPU / CUDA
     assert (graphs, wide) == ("0.36-0.62", ["5.2-9.7", "3.1-4.8"])
-    for page in (ROOT / "README.md", ROOT / "docs/serving.md", folder / "README.md"):
+    for page in (ROOT / "docs/serving.md", ROOT / "docs/measurements/gpu-2026-11-28.md"):
         text = " ".join(page.read_text().split())
         assert f"{graphs} of the plain" in text, page
         assert f"{wide[0]} times faster" in text, page
@@ -779,23 +773,18 @@ def test_a_peers_answer_is_read_as_the_models_probabilities() -> None:
 
 
 def test_the_costs_quoted_are_the_pooled_runs() -> None:
-    """README's and performance.md's TLS, tracing and cache ratios, with their intervals, are
-    what bench.judge.beside makes of the pooled runs in docs/runs/."""
+    """performance.md's TLS, tracing and cache ratios, with their intervals, are what
+    bench.judge.beside makes of the pooled runs in runs/."""
     from bench.judge import beside
     from bench.pool import pool
     from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED, load_results
 
-    runs = pool([load_results(p) for p in sorted((ROOT / "docs/runs").glob("*.json"))])
+    runs = pool([load_results(p) for p in sorted((ROOT / "runs").glob("*.json"))])
 
     def shown(name: str, c: int) -> str:
         median, low, high = beside(runs, name, "v1 predict, batching on", c)
         return f"{median:.2f}x [{low:.2f}-{high:.2f}]"
 
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"{shown(TRACED['0.01'], 64)} at a 1 % sampler, {shown(TRACED['1.0'], 64)}" in readme
-    assert f"at 100 %; TLS {shown(OVER_TLS, 64)}" in readme
-    assert f"hits at {shown(CACHE_HIT, 1)} of no cache at c=1 and {shown(CACHE_HIT, 64)}" in readme
-    assert f"misses {shown(CACHE_MISS, 1)} and {shown(CACHE_MISS, 64)}" in readme
     table = (ROOT / "docs/performance.md").read_text()
     for name in (OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS):
         assert f"| {shown(name, 1)} | {shown(name, 64)} |" in table, name
@@ -806,7 +795,7 @@ def test_the_costs_quoted_are_the_pooled_runs() -> None:
 def test_two_checkouts_by_one_harness(model_repository: Path, tmp_path: Path) -> None:
     """bench.ab serves two checkouts (here this one twice) side by side, new servers each pass,
     the two checkouts' points back to back in turn, and writes a run for each that
-    docs/runs/sitting-2026-11-28/compare.py reads."""
+    bench.compare reads."""
     result = subprocess.run(
         [sys.executable, "-m", "bench.ab", str(ROOT), str(ROOT), "--out", str(tmp_path),
          "--rounds", "2", "--seconds", "1", "--kinds", "v1",
@@ -826,6 +815,7 @@ def test_two_checkouts_by_one_harness(model_repository: Path, tmp_path: Path) ->
             ("v1 predict, batching off", 1),
         }  # fmt: skip
         assert all(r["errors"] == 0 and len(set(r["rounds_server_pid"])) == 2 for r in rows)
-    compare = _module(ROOT / "docs/runs/sitting-2026-11-28/compare.py")
+    from bench import compare
+
     lines = compare.table(tmp_path).splitlines()
     assert len(lines) == 2 + 2 and all(" [" in line for line in lines[2:]), lines

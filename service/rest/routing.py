@@ -7,11 +7,12 @@ registers one endpoint on a model's path and on its ``/versions/{version}`` form
 The inference and activation routes are ``DirectRoute``s, served by ``DirectRoutes`` ahead of
 FastAPI's middleware and routing: under load, FastAPI's and Starlette's layers (error
 middleware, telemetry, body limit, exception middleware, exit stack, router, dependency
-resolution) cost more per request than a small model's run (py-spy under wrk; see
-docs/benchmarks.md). This is the one departure from FastAPI's usual way; a direct route still
-gets the service's body limit and error handler, goes through the one envelope of every HTTP
-request (``service.rest.routing.Envelope``), and is documented in OpenAPI like any other
-route. It reads its own query parameters, if it has any, and documents them.
+resolution) cost more per request than a small model's run (docs/performance.md, "Direct
+routes", says where that is measured). This is the one departure from FastAPI's usual way; a
+direct route still gets the service's body limit and error handler, goes through the one
+envelope of every HTTP request (``service.rest.routing.Envelope``), and is documented in
+OpenAPI like any other route. It reads its own query parameters, if it has any, and documents
+them.
 
 ``Envelope`` is that envelope: every HTTP request is opened and closed there once, whichever
 route serves it. ``RouteClasses`` classes a request for its credentials by the route the router

@@ -1,46 +1,44 @@
-"""The tables of this folder's README, from its runs on one NVIDIA H200.
+"""The tables of a run of ``bench/on-gpu.sh`` on a lent GPU machine, from its files.
 
-    python docs/runs/gpu-2026-11-28/summary.py      # from the repository root
+    python -m bench.gpu_summary FOLDER [--sitting LABEL=1,2,3 ...]
 
 ``gpu.json`` is ``python -m bench.gpu --seconds 0.2``: one call of onnxruntime in process per
-variant and batch size. ``served-N.txt`` are ``bench/on-gpu.sh``'s served rows: the V1
-predict of one row through the app in process (``bench/asgi_path.py``), µs per request, each
-mode in its own process, one after another. Runs 1-3 ran the tree at 5886f9a, runs 4-5 the
-tree at 43b2b15 (I/O binding off by default, graphs with two instances). A mode's figure is
-the median over the runs of its sitting, with the lowest and highest; its ratio to CUDA's plain
-run is taken within each run first (the runs drift more than the modes differ).
+variant and batch size. ``served-N.txt`` is run N's ``served.txt``: the V1 predict of one row
+through the app in process (``bench/asgi_path.py``), µs per request, each mode in its own
+process, one after another. A sitting is runs of one tree (each ``--sitting`` names one; by
+default every run is one sitting). A mode's figure is the median over the sitting's runs, with
+the lowest and highest; its ratio to CUDA's plain run is taken within each run first (the runs
+drift more than the modes differ).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SITTINGS = {
-    "5886f9a (runs 1-3)": (1, 2, 3),
-    "43b2b15 (runs 4-5)": (4, 5),
-}
-MODES = {  # what each mode ran at each sitting
-    "cpu": "the CPU, one intra-op thread",
-    "cuda": "CUDA, onnxruntime's plain run",
-    "cuda-binding": "CUDA, I/O binding",
-    "cuda-2-instances": "CUDA, two instances (runs 4-5 only)",
-    "cuda-graphs": "CUDA graphs (runs 1-3 one instance, 4-5 two)",
-    "cuda-tf32": "CUDA, TF32 on (runs 1-3 bound, 4-5 plain)",
-}
+# bench/on-gpu.sh's served modes, models and concurrencies, in its order.
+MODES = ("cpu", "cuda", "cuda-binding", "cuda-2-instances", "cuda-graphs", "cuda-tf32")
+MODELS = ("digits-mlp", "fashion-mlp-wide")
+CONCURRENCIES = (1, 64)
 BATCHES = (1, 64, 256)
+Served = dict[tuple[str, str, int], float]
 
 
-def served(run: int, folder: Path = HERE) -> dict[tuple[str, str, int], float]:
-    """One run's µs per request by (model, mode, concurrency); a failed mode is left out."""
+def served(run: int, folder: Path) -> Served:
+    """Run ``run``'s µs per request by (model, mode, concurrency); a failed mode is left out."""
     rows = {}
     for line in (folder / f"served-{run}.txt").read_text().splitlines():
         parts = line.split()
         if len(parts) == 5 and parts[4] == "us/request":
             rows[parts[0], parts[1], int(parts[2].removeprefix("c="))] = float(parts[3])
     return rows
+
+
+def all_runs(folder: Path) -> tuple[int, ...]:
+    """The runs whose ``served-N.txt`` the folder holds."""
+    return tuple(sorted(int(p.stem.removeprefix("served-")) for p in folder.glob("served-*.txt")))
 
 
 def _span(values: list[float], digits: int = 0) -> str:
@@ -50,15 +48,17 @@ def _span(values: list[float], digits: int = 0) -> str:
     return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
-def served_table(folder: Path = HERE) -> str:
+def served_table(folder: Path, sittings: dict[str, tuple[int, ...]] | None = None) -> str:
     """µs per request, median (lowest-highest) of each sitting's runs, and the ratio to
     CUDA's plain run, taken within each run."""
+    runs = all_runs(folder)
+    sittings = sittings or {f"runs {runs[0]}-{runs[-1]}": runs}
     lines = ["| sitting | model | c | " + " | ".join(MODES) + " |",
              "|---|---|---|" + "---|" * len(MODES)]  # fmt: skip
-    for sitting, runs in SITTINGS.items():
-        measured = [served(run, folder) for run in runs]
-        for model in ("digits-mlp", "fashion-mlp-wide"):
-            for c in (1, 64):
+    for sitting, numbers in sittings.items():
+        measured = [served(run, folder) for run in numbers]
+        for model in MODELS:
+            for c in CONCURRENCIES:
                 cells = []
                 for mode in MODES:
                     got = [m[model, mode, c] for m in measured if (model, mode, c) in m]
@@ -77,7 +77,7 @@ def served_table(folder: Path = HERE) -> str:
     return "\n".join(lines)
 
 
-def onnxruntime_table(folder: Path = HERE) -> str:
+def onnxruntime_table(folder: Path) -> str:
     """bench.gpu: µs per call at three batch sizes, the largest difference from the CPU's
     outputs (batch 1024), and where CUDA first beats the CPU."""
     section = json.loads((folder / "gpu.json").read_text())
@@ -100,5 +100,29 @@ def onnxruntime_table(folder: Path = HERE) -> str:
     )
 
 
+def _sitting(text: str) -> tuple[str, tuple[int, ...]]:
+    label, _, runs = text.rpartition("=")
+    if not label or not runs:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=1,2,3")
+    return label, tuple(int(run) for run in runs.split(","))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print both tables of the folder's run."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_summary", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folder", type=Path, help="a folder of bench/on-gpu.sh's files")
+    parser.add_argument(
+        "--sitting",
+        type=_sitting,
+        action="append",
+        default=[],
+        help="LABEL=RUN,RUN,...: runs of one tree, a row group of its own",
+    )
+    args = parser.parse_args(argv)
+    print(onnxruntime_table(args.folder), served_table(args.folder, dict(args.sitting)), sep="\n\n")
+
+
 if __name__ == "__main__":
-    print(onnxruntime_table(), served_table(), sep="\n\n")
+    main()

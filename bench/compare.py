@@ -1,34 +1,33 @@
 """The small model's rows of two serving codes measured in one sitting, side by side.
 
-    python docs/runs/sitting-2026-11-28/compare.py [FOLDER ...]   # from the repository root
+    python -m bench.compare FOLDER [FOLDER ...]
 
-Each FOLDER (this one unless named) holds ``old-*.json`` and ``new-*.json``: runs of ``make
-bench`` (``benchmarks.json``) or of ``python -m bench.ab``; the runs of every folder named are
-pooled.
+Each FOLDER holds ``old-*.json`` and ``new-*.json``: runs of ``make bench``
+(``benchmarks.json``) or of ``python -m bench.ab`` (``make bench-ab`` writes them to
+``.bench-ab/runs``); the runs of every folder named are pooled.
 
-Each tree's three runs are pooled as ``gelu-serve bench --pool`` pools them (every pass of
-every run); a row's figure for a tree is the median of its passes' ratios, counting the passes
-whose two points the probe read at one speed (``bench.judge.by_round``, ``HOST_MATCH``), as a
-target does. The new code's figure over the old's is given with a 95 % bootstrap interval,
-each tree's passes resampled on their own, and is met only when the whole interval is at or
-above 0.95 (issue 50: within 5 % or better).
+Each tree's runs are pooled as ``gelu-serve bench --pool`` pools them (every pass of every
+run); a row's figure for a tree is the median of its passes' ratios, counting the passes whose
+two points the probe read at one speed (``bench.judge.by_round``, ``HOST_MATCH``), as a target
+does. The new code's figure over the old's is given with a 95 % bootstrap interval, each tree's
+passes resampled on their own, and is met only when the whole interval is at or above ``GOAL``
+(issue 50: within 5 % or better).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
-
-from bench.judge import HOST_MATCH, RESAMPLES, by_round  # noqa: E402
-from bench.pool import pool_rows  # noqa: E402
+from bench.judge import HOST_MATCH, RESAMPLES, by_round
+from bench.pool import pool_rows
 
 GOAL = 0.95
+TREES = ("old", "new")
 # (row, scenario, its base, concurrency)
 ROWS = [
     (f"{kind} at c=64, share of the HTTP floor", f"{kind} predict, batching on", "http floor", 64)
@@ -66,16 +65,20 @@ def compare(new: list[float], old: list[float]) -> tuple[float, float, float]:
 
 
 def table(*folders: Path) -> str:
-    """The comparison of the runs in ``folders`` (this one if none) as a Markdown table."""
-    folders = folders or (HERE,)
+    """The comparison of the runs in ``folders`` as a Markdown table: a row for each of
+    ``ROWS`` that both trees measured."""
+    if not folders:
+        raise ValueError("name at least one folder of old-*.json and new-*.json runs")
     lines = ["| row (pooled passes) | old | new | new / old [95 %] | within 5 % |",
              "|---|---|---|---|---|"]  # fmt: skip
     for name, scenario, base, c in ROWS:
-        old, new = (passes(folders, tree, scenario, base, c) for tree in ("old", "new"))
+        old, new = (passes(folders, tree, scenario, base, c) for tree in TREES)
         if not old or not new:
             continue
         ratio, low, high = compare(new, old)
-        shown = (lambda x: f"{x:.0%}") if "share" in name else (lambda x: f"{x:.2f}x")
+        shown: Callable[[float], str] = (
+            (lambda x: f"{x:.0%}") if "share" in name else (lambda x: f"{x:.2f}x")
+        )
         verdict = "yes" if low >= GOAL else "**no**"  # an interval across 0.95 is not met
         lines.append(
             f"| {name} ({len(old)} / {len(new)}) | {shown(statistics.median(old))} | "
@@ -84,5 +87,14 @@ def table(*folders: Path) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Print the table of the folders named."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folders", nargs="+", type=Path, help="folders of old-*/new-*.json")
+    print(table(*parser.parse_args(argv).folders))
+
+
 if __name__ == "__main__":
-    print(table(*map(Path, sys.argv[1:])))
+    main()
