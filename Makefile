@@ -85,9 +85,9 @@ bench-peers:
 	$(MAKE) bench BENCH_FLAGS=--peers
 
 # Earlier runs of one serving code judged together, every pass of each (bench/pool.py): the
-# runs kept in docs/runs/ (a run's docs/benchmarks.json, copied there), measuring nothing.
+# runs kept at the top of runs/ (a run's docs/benchmarks.json, copied there), measuring nothing.
 bench-pool: install
-	$(BIN)/gelu-serve bench --pool docs/runs/*.json
+	$(BIN)/gelu-serve bench --pool runs/*.json
 
 # The service at revision OLD against this checkout, served side by side and driven by this
 # checkout's harness (bench/ab.py), into .bench-ab/runs/; AB_FLAGS="--repository DIR" for a
