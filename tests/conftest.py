@@ -7,21 +7,12 @@ and end-to-end tests (these need the [train] extra).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
-def train_quick(out: Path, *args: str) -> Path:
-    """Train a smoke-sized model with the real training entry point."""
-    from models import train
-
-    parser = argparse.ArgumentParser()
-    train.add_arguments(parser)
-    train.run(parser.parse_args([*args, "--quick", "--no-progress", "--out", str(out)]))
-    return out
+from tests.training import train_quick
 
 
 @pytest.fixture

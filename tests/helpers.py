@@ -1,9 +1,15 @@
-"""Helpers shared by the service tests."""
+"""Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
+its own, and waiting in a coroutine."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,3 +49,33 @@ def load_model(repository: Path, name: str, version: int | None = None, warmup: 
     model_dir = repository / name
     chosen = version or max(version_dirs(model_dir))
     return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)
+
+
+def binary_request(
+    x: np.ndarray, outputs: list[dict] | None = None, **extra: Any
+) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension body for the ``input`` tensor ``x``: JSON header, then the raw
+    tensor; and its headers."""
+    header: dict = {
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        **extra,
+    }  # fmt: skip
+    if outputs is not None:
+        header["outputs"] = outputs
+    text = json.dumps(header).encode()
+    return text + x.astype("<f4").tobytes(), {
+        "Inference-Header-Content-Length": str(len(text)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+async def until(
+    condition: Callable[[], Any], what: str, timeout: float = 10, every: float = 0.05
+) -> None:
+    """Until ``condition()`` (awaited when it is a coroutine function) is true, polled every
+    ``every`` seconds on the event loop; a failure naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (await condition() if inspect.iscoroutinefunction(condition) else condition()):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(every)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from contract.readme import block
+from tests.servers import free_port, get, listening, wait_ready, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -401,20 +402,17 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.launch import free_port
     from bench.proc import cpu_seconds, process_tree
 
     port = free_port()
     parent = subprocess.Popen([sys.executable, "-m", "bench.floor", "--http", str(port), "2"],
-                              cwd=ROOT)  # fmt: skip
+                              cwd=ROOT, text=True)  # fmt: skip
 
-    def ready() -> bool:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/docs")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
+    def workers() -> list[int]:
+        """The workers (not multiprocessing's tracker), once both listen on the port."""
+        tree = process_tree(parent.pid)[1:]
+        found = [pid for pid in tree if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        return found if len(found) == 2 and listening(parent.pid, port) == 2 else []
 
     def client(_: int) -> list[int]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -428,27 +426,21 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
         return statuses
 
     try:
-        deadline = time.monotonic() + 60
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # both workers listening
+        wait_ready(port, parent, lambda port: get(port, "/docs")[0])
+        pids = wait_until(workers, timeout=30, every=0.2, what="two workers listening")
         tree = process_tree(parent.pid)[1:]  # the workers and multiprocessing's tracker
-        workers = [
-            pid for pid in tree if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(workers) == 2, tree
-        before = {pid: cpu_seconds(pid) for pid in workers}
+        before = {pid: cpu_seconds(pid) for pid in pids}
         with ThreadPoolExecutor(32) as pool:
             assert {s for statuses in pool.map(client, range(32)) for s in statuses} == {200}
-        busy = [pid for pid in workers if cpu_seconds(pid) - before[pid] >= 0.02]
-        assert len(busy) == 2, {pid: cpu_seconds(pid) - before[pid] for pid in workers}
+        busy = [pid for pid in pids if cpu_seconds(pid) - before[pid] >= 0.02]
+        assert len(busy) == 2, {pid: cpu_seconds(pid) - before[pid] for pid in pids}
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=30) == 0
-        for _ in range(100):  # the tracker leaves once the parent's pipe closes
-            if not any(Path(f"/proc/{pid}").exists() for pid in tree):
-                break
-            time.sleep(0.05)
-        assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+
+        def gone() -> bool:  # the tracker leaves once the parent's pipe closes
+            return not any(Path(f"/proc/{pid}").exists() for pid in tree)
+
+        wait_until(gone, timeout=5, every=0.05, what=f"the tree {tree} to go")
     finally:
         if parent.poll() is None:
             for pid in reversed(process_tree(parent.pid)):

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from service.logs import LOGS, JsonFormatter, LogControl, escape, formatter, logger
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
+from tests.servers import grpc_server
 
 PREDICT = "/v1/models/digits-mlp:predict"
 
@@ -160,8 +161,6 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from tests.service.grpc.test_grpc import grpc_server
-
     x = DIGITS[:1]
 
     def infer_both(tag: str, http: httpclient.InferenceServerClient,
@@ -173,9 +172,7 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
         grpc_inputs[0].set_data_from_numpy(np.ascontiguousarray(x))
         grpc.infer("digits-mlp", grpc_inputs, headers={"x-request-id": f"{tag}-grpc"})
 
-    servers = grpc_server(model_repository, GELU_LOG_FORMAT="json")
-    server = next(servers)
-    try:
+    with grpc_server(model_repository, GELU_LOG_FORMAT="json") as server:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
         grpc = grpcclient.InferenceServerClient(server.address)
         assert http.get_log_settings()["log_format"] == "json"
@@ -187,8 +184,6 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
         infer_both("after", http, grpc)
         assert http.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
         infer_both("later", http, grpc)
-    finally:
-        next(servers, None)
     lines = [json.loads(line) for line in server.process.output.splitlines()  # type: ignore[attr-defined]
              if line.startswith("{")]  # fmt: skip
     by_id = {line.get("request_id"): line for line in lines if "status" in line}

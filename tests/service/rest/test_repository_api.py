@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 
 from service.control import CONTROL_FORBIDDEN
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
+from tests.onnx_models import write_foreign
+from tests.servers import wait_until
 
 PREDICT = "/v1/models/{}:predict"
 
@@ -90,9 +90,11 @@ def test_an_unloaded_models_series_leave_metrics(explicit: TestClient) -> None:
     kept = _series(explicit, "digits-mlp")
     assert kept
     assert explicit.post(f"/v2/repository/models/{tanh}/unload").status_code == 200
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any('version="1"' in x for x in _series(explicit, tanh)):
-        time.sleep(0.05)  # the version drains, then its series go
+
+    def gone() -> bool:  # the version drains, then its series go
+        return not any('version="1"' in x for x in _series(explicit, tanh))
+
+    wait_until(gone, timeout=10, every=0.05, what="the unloaded version's series to go")
     left = _series(explicit, tanh)
     assert left and all('version=""' in line for line in left), left
     assert not any(line.startswith("gelu_batch_size") for line in left)
@@ -133,8 +135,6 @@ def test_the_repository_api_can_be_restricted(settings_factory) -> None:
 def test_a_foreign_onnx_file_over_http(settings_factory, tmp_path, model_repository) -> None:
     """No config.pbtxt, no metadata, no batch axis: listed, described and served."""
     import shutil
-
-    from tests.service.test_repository import write_foreign
 
     repo = tmp_path / "repo"
     shutil.copytree(model_repository, repo)
