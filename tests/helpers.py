@@ -1,5 +1,5 @@
 """Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
-its own, and waiting in a coroutine."""
+its own, the settings -> core -> app -> client chain, and waiting in a coroutine."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
     from service.runtime import Model
+    from service.settings import Settings
 
 # Real digits, scaled as the models expect (pixel / 16).
 DIGITS: np.ndarray = np.random.default_rng(0).random((300, 64), dtype=np.float32)
@@ -68,6 +72,27 @@ def binary_request(
         "Inference-Header-Content-Length": str(len(text)),
         "Content-Type": "application/octet-stream",
     }
+
+
+def service_settings(repository: Path, **overrides: Any) -> Settings:
+    """Settings over ``repository`` for a test: one warm-up run and the gRPC face off (a
+    test that wants it passes ``grpc_port``), with ``overrides``."""
+    from service.settings import Settings
+
+    defaults = {"model_repository": repository, "warmup_runs": 1, "grpc_port": 0}
+    return Settings(**{**defaults, **overrides})
+
+
+@contextmanager
+def app_client(settings: Settings) -> Iterator[TestClient]:
+    """A TestClient over the real app built from ``settings``, its lifespan run (models
+    loaded and warmed) for as long as the block lasts."""
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+
+    with TestClient(create_app(settings)) as client:
+        yield client
 
 
 async def until(

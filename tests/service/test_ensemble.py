@@ -6,7 +6,6 @@ with the reason while the rest serve."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,10 @@ ROWS = DIGITS[:5]
 
 
 @pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """The test repository with the default ensemble."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    write_ensemble(root, default_ensemble(root))
-    return root
+def repo(repo: Path) -> Path:
+    """A private copy of the test repository with the default ensemble."""
+    write_ensemble(repo, default_ensemble(repo))
+    return repo
 
 
 def request(rows: np.ndarray) -> InferenceRequest:

@@ -23,14 +23,6 @@ from tests.onnx_models import write_foreign, write_model
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """A private copy of the test repository, free to change."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    return root
-
-
 def request(rows: int = 1) -> InferenceRequest:
     return InferenceRequest([RequestInput(DIGITS[:rows], "input", "FP32")])
 

@@ -25,14 +25,6 @@ FOREIGN = [ValueError("invalid literal"), OSError(5, "Input/output error"),
            RecursionError("maximum recursion depth exceeded"), MemoryError()]  # fmt: skip
 
 
-@pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """A private copy of the test repository, free to change."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    return root
-
-
 async def started(settings_factory, repo: Path, **overrides) -> DataPlane:
     core = DataPlane(settings_factory(model_repository=repo, **overrides))
     await core.start()

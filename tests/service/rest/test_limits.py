@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from tests.helpers import DIGITS
-from tests.onnx_models import write_model
 from tests.servers import get, running, wait_until
 
 pytestmark = pytest.mark.slow  # real server processes
@@ -341,13 +340,6 @@ def test_no_server_header(server: int) -> None:
 
 
 # ---- clients that go away -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("slow-repository")
-    write_model(root, "slow", 1, hidden=1024, max_batch_size=8)
-    return root
 
 
 def reset(sock: socket.socket) -> None:

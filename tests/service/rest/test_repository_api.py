@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -132,12 +134,8 @@ def test_the_repository_api_can_be_restricted(settings_factory) -> None:
         assert response.status_code == 200 and predict(restricted, "digits-mlp") == 404
 
 
-def test_a_foreign_onnx_file_over_http(settings_factory, tmp_path, model_repository) -> None:
+def test_a_foreign_onnx_file_over_http(settings_factory, repo: Path) -> None:
     """No config.pbtxt, no metadata, no batch axis: listed, described and served."""
-    import shutil
-
-    repo = tmp_path / "repo"
-    shutil.copytree(model_repository, repo)
     write_foreign(repo, "fixed", [2, 3], "Relu")
     with TestClient(create_app(settings_factory(model_repository=repo))) as http:
         assert "fixed" in {m["name"] for m in http.get("/v1/models").json()["models"]}
