@@ -210,11 +210,6 @@ def test_a_long_string_a_client_sent_is_cut_from_the_message_to_fit_its_trailer(
         assert "characters cut)" in details and len(details) <= MAX_DETAILS_CHARS
 
 
-def test_readme_quotes_the_cut() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "docs" / "endpoints.md").read_text()
-    assert f"longer than {MAX_DETAILS_CHARS} characters" in readme
-
-
 def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: Path) -> None:
     """GELU_MAX_CONNECTIONS bounds gRPC's connections and its calls in flight (twice as many:
     streams have a share of their own), as HTTP's connections: before, a client opening

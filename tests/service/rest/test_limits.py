@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import os
 import signal
 import socket
 import struct
@@ -20,7 +19,7 @@ import pytest
 from tests.helpers import DIGITS
 from tests.servers import get, running, wait_until
 
-pytestmark = pytest.mark.slow  # real server processes
+pytestmark = pytest.mark.slow  # real server processes; the connection's parts: test_connection.py
 
 LIMITS = {
     "GELU_KEEP_ALIVE_SECONDS": "1",
@@ -174,32 +173,6 @@ def test_a_half_closed_client_still_gets_its_answer(server: int) -> None:
         answer = read_all(sock)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b'"predictions"' in answer
-
-
-def test_a_body_read_in_one_piece_is_handed_on_without_a_copy() -> None:
-    from service.rest.connection import Pieces
-
-    body = Pieces()
-    piece = os.urandom(1 << 20)
-    body += piece
-    assert len(body) == len(piece) and bytes(body) is piece
-    body += b"tail"
-    assert len(body) == len(piece) + 4 and bytes(body) == piece + b"tail"
-    assert bytes(Pieces()) == b""
-
-
-def test_the_spare_buffers_stay_within_their_limit() -> None:
-    from service.rest.connection import Spare
-
-    spare = Spare(100)
-    first, second = spare.take(60), spare.take(30)
-    assert len(first) == 60 and len(second) == 30
-    spare.give(first)
-    spare.give(second)  # 90 bytes held
-    spare.give(bytearray(20))  # would be 110: let go
-    assert spare.buffers == [first, second] and spare.held == 90
-    assert spare.take(50) is first and spare.take(50) is not second  # too small: a new one
-    assert spare.held == 30
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked", "chunked at once"])
