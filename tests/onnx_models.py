@@ -177,3 +177,13 @@ def write_foreign(repository: Path, name: str, shape: list, op: str) -> None:
     model.ir_version = 10
     (repository / name / "1").mkdir(parents=True)
     onnx.save(model, str(repository / name / "1" / MODEL_FILENAME))
+
+
+def adding(weight: onnx.TensorProto) -> onnx.ModelProto:
+    """y = x + w, ``weight`` the initializer w (and x of its shape)."""
+    shape = list(weight.dims)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    add = helper.make_node("Add", ["x", weight.name], ["y"])
+    graph = helper.make_graph([add], "adding", [x], [y], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,15 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.logs import LOGS, JsonFormatter, LogControl, escape, formatter, logger
+from service.logs import (
+    LOGS,
+    JsonFormatter,
+    LogControl,
+    escape,
+    formatter,
+    logger,
+    new_request_id,
+)
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
 from tests.servers import grpc_server
@@ -30,9 +39,13 @@ def test_a_request_id_is_kept_or_made_and_returned(client: TestClient) -> None:
     body = {"instances": DIGITS[:1].tolist()}
     given = client.post(PREDICT, json=body, headers={"X-Request-ID": "caller-7"})
     assert given.status_code == 200 and given.headers["x-request-id"] == "caller-7"
+    # A made one: this process's 8 hex digits, then a count, one up for each id made since.
     made = client.post(PREDICT, json=body).headers["x-request-id"]
-    assert len(made) == 16 and int(made, 16) >= 0
-    assert made != client.post(PREDICT, json=body).headers["x-request-id"]
+    after = new_request_id()
+    following = client.post(PREDICT, json=body).headers["x-request-id"]
+    assert re.fullmatch("[0-9a-f]{16}", made) and re.fullmatch("[0-9a-f]{16}", following)
+    assert made[:8] == after[:8] == following[:8]
+    assert int(made[8:], 16) < int(after[8:], 16) < int(following[8:], 16)
     # FastAPI's routes as the direct ones
     assert (
         client.get("/v2/health/live", headers={"X-Request-ID": "h"}).headers["x-request-id"] == "h"

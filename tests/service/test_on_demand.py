@@ -224,7 +224,9 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
 
     with running(root, **env) as (port, process):
         for name in names[:20]:  # the budget filled first: memory is measured from there
-            assert get(port, f"/v2/models/{name}/ready")[0] in (200, 400, 404)
+            assert post(port, f"/v2/models/{name}/infer", body.encode())[0] == 200, name
+        loaded = json.loads(post(port, "/v2/repository/index", b'{"ready": true}')[1])
+        assert sorted(e["name"] for e in loaded) == names[:20]
         start_rss = rss_bytes(process.pid)
         drivers = [threading.Thread(target=drive, args=(port, s)) for s in range(4)]
         for driver in drivers:
