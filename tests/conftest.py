@@ -1,27 +1,19 @@
-"""Shared fixtures.
+"""The fixtures every folder shares: the event loop of ``pytest.mark.anyio`` tests, and the
+model repositories.
 
 ``model_repository``: tiny models built with ``onnx.helper``, torch-free, for the service's
 tests. ``trained_repository``: quick real checkpoints exported by ``export/``, for the export
-and end-to-end tests (these need the [train] extra).
+and end-to-end tests (these need the [train] extra). Each folder's own fixtures are in its
+``conftest.py`` (the service's settings, core and client in ``tests/service/``).
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-
-def train_quick(out: Path, *args: str) -> Path:
-    """Train a smoke-sized model with the real training entry point."""
-    from models import train
-
-    parser = argparse.ArgumentParser()
-    train.add_arguments(parser)
-    train.run(parser.parse_args([*args, "--quick", "--no-progress", "--out", str(out)]))
-    return out
+from tests.training import train_quick
 
 
 @pytest.fixture
@@ -66,28 +58,3 @@ def trained_repository(
     export_checkpoint(checkpoints["mlp-tanh"], repo, "digits-mlp-tanh")
     export_checkpoint(checkpoints["autoencoder"], repo, "digits-autoencoder")
     return repo
-
-
-@pytest.fixture(scope="session")
-def settings_factory(model_repository: Path):
-    """Settings over the test repository, with overrides."""
-    from service.settings import Settings
-
-    def make(**overrides: Any) -> Settings:
-        # The gRPC face is off unless a test asks for it (tests/service/grpc/).
-        defaults = {"model_repository": model_repository, "warmup_runs": 1, "grpc_port": 0}
-        return Settings(**{**defaults, **overrides})
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def client(settings_factory):
-    """A TestClient over the real app with its lifespan run (models loaded and warmed)."""
-    from fastapi.testclient import TestClient
-
-    from service.rest.app import create_app
-
-    settings = settings_factory(max_body_bytes=1 << 20, max_activation_elements=100_000)
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client

@@ -1,14 +1,24 @@
-"""Helpers shared by the service tests."""
+"""Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
+its own, the settings -> core -> app -> client chain, and waiting in a coroutine."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
     from service.runtime import Model
+    from service.settings import Settings
 
 # Real digits, scaled as the models expect (pixel / 16).
 DIGITS: np.ndarray = np.random.default_rng(0).random((300, 64), dtype=np.float32)
@@ -43,3 +53,54 @@ def load_model(repository: Path, name: str, version: int | None = None, warmup: 
     model_dir = repository / name
     chosen = version or max(version_dirs(model_dir))
     return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)
+
+
+def binary_request(
+    x: np.ndarray, outputs: list[dict] | None = None, **extra: Any
+) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension body for the ``input`` tensor ``x``: JSON header, then the raw
+    tensor; and its headers."""
+    header: dict = {
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        **extra,
+    }  # fmt: skip
+    if outputs is not None:
+        header["outputs"] = outputs
+    text = json.dumps(header).encode()
+    return text + x.astype("<f4").tobytes(), {
+        "Inference-Header-Content-Length": str(len(text)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def service_settings(repository: Path, **overrides: Any) -> Settings:
+    """Settings over ``repository`` for a test: one warm-up run and the gRPC face off (a
+    test that wants it passes ``grpc_port``), with ``overrides``."""
+    from service.settings import Settings
+
+    defaults = {"model_repository": repository, "warmup_runs": 1, "grpc_port": 0}
+    return Settings(**{**defaults, **overrides})
+
+
+@contextmanager
+def app_client(settings: Settings) -> Iterator[TestClient]:
+    """A TestClient over the real app built from ``settings``, its lifespan run (models
+    loaded and warmed) for as long as the block lasts."""
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+async def until(
+    condition: Callable[[], Any], what: str, timeout: float = 10, every: float = 0.05
+) -> None:
+    """Until ``condition()`` (awaited when it is a coroutine function) is true, polled every
+    ``every`` seconds on the event loop; a failure naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (await condition() if inspect.iscoroutinefunction(condition) else condition()):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(every)

@@ -165,3 +165,25 @@ def write_variable(repository: Path, name: str, factor: float = 2.0) -> Path:
     write_scaling(repository / name / "1", factor)
     (repository / name / CONFIG_FILENAME).write_text(VARIABLE_CONFIG.format(name=name))
     return repository / name
+
+
+def write_foreign(repository: Path, name: str, shape: list, op: str) -> None:
+    """An ONNX file not exported by this project, ``op`` of an input of ``shape``: no
+    config.pbtxt, no metadata_props."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], name, [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10
+    (repository / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repository / name / "1" / MODEL_FILENAME))
+
+
+def adding(weight: onnx.TensorProto) -> onnx.ModelProto:
+    """y = x + w, ``weight`` the initializer w (and x of its shape)."""
+    shape = list(weight.dims)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    add = helper.make_node("Add", ["x", weight.name], ["y"])
+    graph = helper.make_graph([add], "adding", [x], [y], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])

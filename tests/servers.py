@@ -1,4 +1,7 @@
-"""One harness for tests that start a real ``gelu-serve serve``: ports, start, probe, wait."""
+"""One harness for every test that starts a server: ``gelu-serve serve`` in a process of its
+own (``running``, ``probed``, ``serving``, ``grpc_server``), one that must refuse to start
+(``refusal``), a host on a thread of the test's process (``on_thread``); free ports, the probes
+(``get``, ``post``) and waiting (``wait_until``, ``wait_ready``)."""
 
 from __future__ import annotations
 
@@ -8,11 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from service.grpc.inference_pb2_grpc import GRPCInferenceServiceStub
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -26,28 +34,112 @@ def free_port() -> int:
 
 
 def wait_until(
-    check: Callable[[], T | None], timeout: float = 30, every: float = 0.1, what: str = ""
+    check: Callable[[], T | None],
+    timeout: float = 30,
+    every: float = 0.1,
+    what: str = "",
+    detail: Callable[[], str] | None = None,
 ) -> T:
-    """``check()``'s first truthy value, polled until ``timeout`` seconds have passed."""
+    """``check()``'s first truthy value, polled until ``timeout`` seconds have passed; else a
+    failure naming ``what``, with ``detail()`` after it (a server's log, say) if given."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what or check}")
+            message = f"not within {timeout} s: {what or check}"
+            raise AssertionError(f"{message}; {detail()}" if detail else message)
         time.sleep(every)
 
 
 def get(port: int, path: str, timeout: float = 5) -> tuple[int, bytes]:
     """A plaintext GET on loopback: its status and body."""
+    return _request(port, "GET", path, None, {}, timeout)
+
+
+def post(
+    port: int,
+    path: str,
+    body: bytes = b"{}",
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30,
+) -> tuple[int, bytes]:
+    """A plaintext POST on loopback (JSON unless ``headers`` say otherwise): status and body."""
+    given = {"Content-Type": "application/json", **(headers or {})}
+    return _request(port, "POST", path, body, given, timeout)
+
+
+def _request(
+    port: int, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout: float
+) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request("GET", path)
+        connection.request(method, path, body, headers)
         response = connection.getresponse()
         return response.status, response.read()
     finally:
         connection.close()
+
+
+def listening(pid: int, port: int) -> int:
+    """How many of ``pid``'s children listen on ``port`` (each worker of a server with its own
+    SO_REUSEPORT socket, say)."""
+    import psutil
+
+    return sum(
+        any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in tcp_connections(child))
+        for child in psutil.Process(pid).children()
+    )
+
+
+def tcp_connections(process: Any) -> list:
+    """A ``psutil.Process``'s TCP connections (psutil 6 renamed ``connections``; kserve pins
+    psutil 5)."""
+    method = getattr(process, "net_connections", None) or process.connections
+    return method("tcp")
+
+
+def environment(repository: Path | None, env: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with the harness's defaults for a server over
+    ``repository`` (one warm-up run, no drain, no gRPC face) and ``env`` over them."""
+    defaults = {"GELU_WARMUP_RUNS": "1", "GELU_DRAIN_SECONDS": "0", "GELU_GRPC_PORT": "0"}
+    if repository is not None:
+        defaults["GELU_MODEL_REPOSITORY"] = str(repository)
+    inherited = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    return {**inherited, **defaults, **env}
+
+
+def serve_command(port: int, *args: str) -> list[str]:
+    """``gelu-serve serve`` on ``port``, as this interpreter runs it."""
+    return [sys.executable, "-m", "cli", "serve", "--port", str(port), *args]
+
+
+def start(
+    repository: Path, port: int, env: Mapping[str, str], args: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """``gelu-serve serve`` on ``port`` over ``repository``, started (not waited for); its
+    output, standard error included, on its ``stdout`` pipe."""
+    return subprocess.Popen(
+        serve_command(port, *args), cwd=ROOT, env=environment(repository, env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def refusal(
+    env: Mapping[str, str],
+    args: tuple[str, ...] = (),
+    port: int = 0,
+    environ: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``gelu-serve serve`` with ``args`` on ``port``, expected to refuse to start, run to its
+    end: ``env`` over ``environ`` (by default this process's environment as ``environment``
+    makes it, without a repository)."""
+    given = environment(None, {}) if environ is None else dict(environ)
+    return subprocess.run(
+        serve_command(port, *args), cwd=ROOT, env={**given, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
 
 
 def running(
@@ -59,30 +151,34 @@ def running(
 
 
 @contextmanager
+def serving(repository: Path, *args: str, **env: str) -> Iterator[int]:
+    """``running`` with ``args``, yielding its port, and stopped cleanly: the host logged that
+    it stopped both faces and the core (once per worker), and the process exited 0."""
+    with probed(repository, None, env, args, clean_stop=True) as (port, _):
+        yield port
+
+
+@contextmanager
 def probed(
     repository: Path,
     probe: Callable[[int], int] | None,
-    env: dict[str, str],
+    env: Mapping[str, str],
     args: tuple[str, ...] = (),
     command: Callable[[int], list[str]] | None = None,
+    clean_stop: bool = False,
 ) -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """``running``, ready when ``probe(port)`` answers 200 (None: a plaintext GET of
     readiness); ``command(port)`` the server's command line instead of ``gelu-serve serve``
-    with ``args``."""
+    with ``args``; with ``clean_stop``, its stop checked as ``serving`` checks it. The output
+    is on the process's ``output`` afterwards."""
     port = free_port()
-    environment = {
-        **os.environ,
-        "GELU_MODEL_REPOSITORY": str(repository),
-        "GELU_WARMUP_RUNS": "1",
-        "GELU_DRAIN_SECONDS": "0",
-        "GELU_GRPC_PORT": "0",
-        **env,
-    }
-    argv = command(port) if command else [sys.executable, "-m", "cli", "serve", "--port", str(port)]
-    process = subprocess.Popen(
-        [*argv, *args],
-        cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    if command is None:
+        process = start(repository, port, env, args)
+    else:
+        process = subprocess.Popen(
+            command(port), cwd=ROOT, env=environment(repository, env),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
     try:
         wait_ready(port, process, probe)
         yield port, process
@@ -92,22 +188,80 @@ def probed(
         output, _ = process.communicate(timeout=60)
         process.output = output  # type: ignore[attr-defined]  # for tests that read the logs
         assert "Traceback" not in output, output
+    if clean_stop:
+        from service.host import STOPPED
+
+        assert process.returncode == 0, output
+        assert STOPPED in output, output
 
 
 def wait_ready(
-    port: int, process: subprocess.Popen[str], probe: Callable[[int], int] | None = None
+    port: int,
+    server: subprocess.Popen[str] | threading.Thread,
+    probe: Callable[[int], int] | None = None,
 ) -> None:
-    """Until ``probe(port)`` answers 200; fails at once if the server exits."""
-    probe = probe or (lambda port: get(port, "/v2/health/ready")[0])
+    """Until ``probe(port)`` answers 200 (None: a plaintext GET of readiness); fails at once
+    if the server's process exits, or its thread ends."""
+    check = probe or (lambda port: get(port, "/v2/health/ready")[0])
 
     def ready() -> bool:
-        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        if isinstance(server, threading.Thread):
+            assert server.is_alive(), "the server's thread ended while starting"
+        else:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
         try:
-            return probe(port) == 200
+            return check(port) == 200
         except OSError:
             return False
 
     wait_until(ready, timeout=60, every=0.2, what="the server did not become ready")
+
+
+def on_thread(
+    run: Callable[[], object], port: int, probe: Callable[[int], int] | None = None
+) -> threading.Thread:
+    """``run()``, a server of ``port``, on a thread of this process, once ready (signals reach
+    only the main thread: the test stops it through the server's own means)."""
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_ready(port, thread, probe)
+    return thread
+
+
+@dataclass
+class ServedFaces:
+    """``gelu-serve serve`` with both faces: where each listens, and its process."""
+
+    http_port: int
+    grpc_port: int
+    process: subprocess.Popen[str]
+
+    @property
+    def address(self) -> str:
+        """The gRPC face's address, as a channel takes it."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def stub(self) -> GRPCInferenceServiceStub:
+        """A stub of the inference service on a channel of its own."""
+        import grpc
+
+        from service.grpc import inference_pb2_grpc as pb_grpc
+
+        return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.address))
+
+    def http_post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """A POST to the HTTP face: status and body."""
+        return post(self.http_port, path, body, headers)
+
+
+@contextmanager
+def grpc_server(repository: Path, **env: str) -> Iterator[ServedFaces]:
+    """``running`` with the gRPC face on a free port too, and a body limit (1 MiB, also the
+    gRPC face's message limit) that a client can go past."""
+    grpc_port = free_port()
+    settings = {"GELU_GRPC_PORT": str(grpc_port), "GELU_MAX_BODY_BYTES": str(1 << 20), **env}
+    with running(repository, **settings) as (port, process):
+        yield ServedFaces(port, grpc_port, process)
 
 
 def rss_bytes(pid: int) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from contract.readme import block
+from tests.servers import free_port, get, listening, wait_ready, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow  # real servers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
 def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
+    from bench.measure import ATTEMPTS, MAX_STEAL
+    from bench.proc import steal_seconds
+
+    stolen_before = steal_seconds()
     result = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
          "--rounds", "2", "--repository", str(model_repository), "--out", str(tmp_path),
@@ -28,6 +33,9 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    # The machine's steal over the whole run bounds any point's: a point lasts its second (a
+    # tenth less at worst), so no point saw more cores stolen than the run's stolen seconds.
+    stolen = steal_seconds() - stolen_before
     # each pass drove batching on and off of a protocol one right after the other, in turn first
     driven = [line.split(" c=")[0].strip() for line in result.stdout.splitlines()
               if "predict, batching" in line]  # fmt: skip
@@ -79,8 +87,13 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         # every thread of the one-core servers was pinned and checked; CPU and steal recorded
         assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
-        assert row["steal_cores"] >= 0 and 1 <= row["attempts"] <= 3
-        assert row["preempted_per_request"] >= 0, row
+        assert 0 <= row["steal_cores"] <= stolen / 0.9, (row, stolen)
+        # measured again only while the steal was above the bound, keeping the least stolen
+        assert 1 <= row["attempts"] <= ATTEMPTS, row
+        assert row["attempts"] == ATTEMPTS or row["steal_cores"] <= MAX_STEAL, row
+        # a count of preemptions, per request
+        preempted = row["preempted_per_request"] * row["requests"]
+        assert preempted >= 0 and abs(preempted - round(preempted)) < 1e-6, row
         # the probe's reading of the host's speed on the server's CPU, beside the point
         assert set(row["host_ms"]) == {"0"}, row
         assert 0 < row["host_ms"]["0"] < 100, row
@@ -400,20 +413,17 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.launch import free_port
     from bench.proc import cpu_seconds, process_tree
 
     port = free_port()
     parent = subprocess.Popen([sys.executable, "-m", "bench.floor", "--http", str(port), "2"],
-                              cwd=ROOT)  # fmt: skip
+                              cwd=ROOT, text=True)  # fmt: skip
 
-    def ready() -> bool:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/docs")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
+    def workers() -> list[int]:
+        """The workers (not multiprocessing's tracker), once both listen on the port."""
+        tree = process_tree(parent.pid)[1:]
+        found = [pid for pid in tree if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        return found if len(found) == 2 and listening(parent.pid, port) == 2 else []
 
     def client(_: int) -> list[int]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -427,27 +437,21 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
         return statuses
 
     try:
-        deadline = time.monotonic() + 60
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # both workers listening
+        wait_ready(port, parent, lambda port: get(port, "/docs")[0])
+        pids = wait_until(workers, timeout=30, every=0.2, what="two workers listening")
         tree = process_tree(parent.pid)[1:]  # the workers and multiprocessing's tracker
-        workers = [
-            pid for pid in tree if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(workers) == 2, tree
-        before = {pid: cpu_seconds(pid) for pid in workers}
+        before = {pid: cpu_seconds(pid) for pid in pids}
         with ThreadPoolExecutor(32) as pool:
             assert {s for statuses in pool.map(client, range(32)) for s in statuses} == {200}
-        busy = [pid for pid in workers if cpu_seconds(pid) - before[pid] >= 0.02]
-        assert len(busy) == 2, {pid: cpu_seconds(pid) - before[pid] for pid in workers}
+        busy = [pid for pid in pids if cpu_seconds(pid) - before[pid] >= 0.02]
+        assert len(busy) == 2, {pid: cpu_seconds(pid) - before[pid] for pid in pids}
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=30) == 0
-        for _ in range(100):  # the tracker leaves once the parent's pipe closes
-            if not any(Path(f"/proc/{pid}").exists() for pid in tree):
-                break
-            time.sleep(0.05)
-        assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+
+        def gone() -> bool:  # the tracker leaves once the parent's pipe closes
+            return not any(Path(f"/proc/{pid}").exists() for pid in tree)
+
+        wait_until(gone, timeout=5, every=0.05, what=f"the tree {tree} to go")
     finally:
         if parent.poll() is None:
             for pid in reversed(process_tree(parent.pid)):

@@ -9,76 +9,23 @@ import math
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.host import STOPPED
 from tests.helpers import DIGITS
+from tests.servers import ROOT, free_port, get, serving, wait_until
 
 pytestmark = pytest.mark.slow  # real servers or training
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited: {process.stdout.read() if process.stdout else ''}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/v2/health/ready")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("server not ready")
-
-
-@contextmanager
-def serving(trained_repository: Path, *args: str, grpc_port: int = 0) -> Iterator[int]:
-    """``gelu-serve serve`` in its own process (with its gRPC face on ``grpc_port``, if any),
-    stopped with SIGTERM."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "GELU_MODEL_REPOSITORY": str(trained_repository),
-        "GELU_WARMUP_RUNS": "1",
-        "GELU_DRAIN_SECONDS": "0",  # test_limits.py holds the drain
-        "GELU_GRPC_PORT": str(grpc_port),
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_ready(port, process)
-        yield port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=30)
-        # A clean shutdown: the host stopped both faces and the core, and the process exits 0.
-        assert process.returncode == 0, output
-        assert STOPPED in output, output
-        assert "Traceback" not in output, output
+# Explicit model control with one model loaded at start.
+EXPLICIT = {"GELU_MODEL_CONTROL_MODE": "explicit", "GELU_LOAD_MODELS": "digits-mlp"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +35,7 @@ def grpc_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(trained_repository: Path, grpc_port: int) -> Iterator[int]:
-    with serving(trained_repository, grpc_port=grpc_port) as port:
+    with serving(trained_repository, GELU_GRPC_PORT=str(grpc_port)) as port:
         yield port
 
 
@@ -110,16 +57,16 @@ def test_metrics_add_up_across_worker_processes(trained_repository: Path) -> Non
         with ThreadPoolExecutor(16) as pool:
             assert set(pool.map(predict, range(200))) == {200}
         counts: list[float] = []
-        deadline = time.monotonic() + 5 * FLUSH_SECONDS
-        while not counts or (counts[-1] < 200 and time.monotonic() < deadline):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-            conn.close()
+
+        def counted() -> bool:
+            text = get(port, "/metrics")[1].decode()
             total, endpoint = "gelu_requests_total{", 'endpoint="/v1/models/{name}:predict"'
             line = next(x for x in text.splitlines() if x.startswith(total) and endpoint in x)
             counts.append(float(line.rsplit(" ", 1)[1]))
-            time.sleep(FLUSH_SECONDS / 4)
+            return counts[-1] >= 200
+
+        wait_until(counted, 5 * FLUSH_SECONDS, FLUSH_SECONDS / 4, "both workers' requests",
+                   lambda: f"counted {counts}")  # fmt: skip
     assert counts[-1] == 200.0, counts
 
 
@@ -132,27 +79,22 @@ def test_tritonclient_model_control(trained_repository: Path, server: int) -> No
     plain = httpclient.InferenceServerClient(f"127.0.0.1:{server}")
     with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
         plain.load_model("digits-mlp")
-    os.environ["GELU_MODEL_CONTROL_MODE"] = "explicit"
-    os.environ["GELU_LOAD_MODELS"] = "digits-mlp"
-    try:
-        with serving(trained_repository) as port:
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-            index = {(e["name"], e.get("state")) for e in client.get_model_repository_index()}
-            assert ("digits-mlp", "READY") in index and ("digits-autoencoder", None) in index
-            assert not client.is_model_ready("digits-autoencoder")
-            client.load_model("digits-autoencoder")
-            assert client.is_model_ready("digits-autoencoder")
-            tensor = httpclient.InferInput("input", [2, 64], "FP32")
-            tensor.set_data_from_numpy(DIGITS[:2])
-            client.infer("digits-autoencoder", [tensor])
-            (stats,) = client.get_inference_statistics("digits-autoencoder")["model_stats"]
-            assert stats["inference_count"] == 2 and stats["execution_count"] == 1
-            client.unload_model("digits-mlp")
-            assert not client.is_model_ready("digits-mlp")
-            ready = client.get_model_repository_index()
-            assert {e["name"] for e in ready if e.get("state") == "READY"} == {"digits-autoencoder"}
-    finally:
-        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_LOAD_MODELS"]
+    with serving(trained_repository, **EXPLICIT) as port:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        index = {(e["name"], e.get("state")) for e in client.get_model_repository_index()}
+        assert ("digits-mlp", "READY") in index and ("digits-autoencoder", None) in index
+        assert not client.is_model_ready("digits-autoencoder")
+        client.load_model("digits-autoencoder")
+        assert client.is_model_ready("digits-autoencoder")
+        tensor = httpclient.InferInput("input", [2, 64], "FP32")
+        tensor.set_data_from_numpy(DIGITS[:2])
+        client.infer("digits-autoencoder", [tensor])
+        (stats,) = client.get_inference_statistics("digits-autoencoder")["model_stats"]
+        assert stats["inference_count"] == 2 and stats["execution_count"] == 1
+        client.unload_model("digits-mlp")
+        assert not client.is_model_ready("digits-mlp")
+        ready = client.get_model_repository_index()
+        assert {e["name"] for e in ready if e.get("state") == "READY"} == {"digits-autoencoder"}
 
 
 def test_tritonclient_json_and_binary(server: int) -> None:
@@ -244,9 +186,7 @@ def test_client_that_hangs_up_mid_body_costs_nothing(server: int) -> None:
                 f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 'Content-Length: 100000\r\n\r\n{"instances": [[0.1, 0.2'.encode()
             )
-    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
-    conn.request("GET", "/v2/health/ready")
-    assert conn.getresponse().status == 200  # and the fixture finds no traceback in the log
+    assert get(server, "/v2/health/ready")[0] == 200  # and the harness finds no traceback
 
 
 VENV_PYTHON = ".venv/bin/python "
@@ -293,19 +233,14 @@ def test_readme_model_control_commands_work_as_written(trained_repository: Path)
     (block,) = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     commands = [line for line in block.splitlines() if line.startswith("curl ")]
     assert len(commands) == 5
-    os.environ["GELU_MODEL_CONTROL_MODE"] = "explicit"
-    os.environ["GELU_LOAD_MODELS"] = "digits-mlp"
-    try:
-        with serving(trained_repository) as port:
-            for command in commands:
-                command = command.replace("localhost:8000", f"127.0.0.1:{port}")
-                result = subprocess.run(
-                    ["bash", "-c", command + " -sS --write-out '\\n%{http_code}'"],
-                    capture_output=True, text=True, timeout=60,
-                )  # fmt: skip
-                assert result.stdout.splitlines()[-1] == "200", (command, result.stdout[-300:])
-    finally:
-        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_LOAD_MODELS"]
+    with serving(trained_repository, **EXPLICIT) as port:
+        for command in commands:
+            command = command.replace("localhost:8000", f"127.0.0.1:{port}")
+            result = subprocess.run(
+                ["bash", "-c", command + " -sS --write-out '\\n%{http_code}'"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert result.stdout.splitlines()[-1] == "200", (command, result.stdout[-300:])
 
 
 def test_readme_python_example_works_as_written(server: int) -> None:

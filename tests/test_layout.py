@@ -1,6 +1,6 @@
 """The house's rules, read from the code's own imports: no import cycles, no face importing
-another face, the service free of models/ and torch, and no private server internals or the C
-API through ctypes in the service."""
+another face, the service free of models/ and torch, no private server internals or the C
+API through ctypes in the service, and no test importing another test module or a conftest."""
 
 from __future__ import annotations
 
@@ -111,3 +111,31 @@ def test_no_function_is_over_80_lines() -> None:
                 if lines > 80:
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
     assert not long, long
+
+
+def _is_test_module(name: str) -> bool:
+    """Whether the module ``name`` is one pytest collects (``test_*``) or a ``conftest``."""
+    return name.startswith("tests.") and any(
+        part.startswith("test_") or part == "conftest" for part in name.split(".")
+    )
+
+
+def test_no_test_imports_another_test_module_or_a_conftest() -> None:
+    """Helpers shared by tests live in modules of their own (``tests/servers.py``,
+    ``tests/helpers.py``, ``tests/onnx_models.py``, ...), fixtures in each folder's
+    ``conftest.py``, which pytest finds without an import."""
+    tests = ROOT / "tests"
+    importing = []
+    for path in sorted([*tests.rglob("test_*.py"), *tests.rglob("conftest.py")]):
+        crossing = sorted(m for m in _imports(path) if _is_test_module(m))
+        if crossing:
+            importing.append(f"{path.relative_to(ROOT)} imports {crossing[0]}")
+    assert not importing, importing
+
+
+def test_the_rule_knows_a_test_module() -> None:
+    assert _is_test_module("tests.service.rest.test_limits")
+    assert _is_test_module("tests.service.rest.test_limits.running")  # from ... import running
+    assert _is_test_module("tests.conftest") and _is_test_module("tests.service.conftest")
+    assert not _is_test_module("tests.servers") and not _is_test_module("tests.helpers.DIGITS")
+    assert not _is_test_module("service.rest.limits")

@@ -12,13 +12,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import DIGITS
 from tests.onnx_models import write_model
-from tests.test_e2e import serving
+from tests.servers import post, serving, wait_until
 
 pytestmark = pytest.mark.slow  # real servers under load
 
@@ -77,81 +78,71 @@ class Load:
                 thread.join()
 
 
-def post(port: int, path: str, body: dict | None = None) -> tuple[int, object]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", path, body=json.dumps(body or {}))
-    response = conn.getresponse()
-    return response.status, json.loads(response.read() or b"null")
+def control(port: int, path: str, body: dict | None = None) -> tuple[int, object]:
+    """A POST of ``body`` (JSON) to ``path``: its status and the JSON it answered."""
+    status, answer = post(port, path, json.dumps(body or {}).encode(), timeout=60)
+    return status, json.loads(answer or b"null")
+
+
+def ready(port: int, name: str, version: str) -> bool:
+    """Whether ``version`` of ``name`` is READY in the repository's index."""
+    return states(port, name).get(version) == "READY"
 
 
 def states(port: int, name: str) -> dict[str, str]:
-    _, index = post(port, "/v2/repository/index")
+    _, index = control(port, "/v2/repository/index")
     assert isinstance(index, list)
     return {e["version"]: e["state"] for e in index if e["name"] == name and "version" in e}
-
-
-def until(condition, what: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_poll_mode_new_versions_and_replaced_files_under_load(repo: Path) -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    os.environ["GELU_MODEL_CONTROL_MODE"] = "poll"
-    os.environ["GELU_REPOSITORY_POLL_SECONDS"] = "0.3"
-    try:
-        with serving(repo) as port, Load(port, [BIG, "digits-mlp"]).running() as load:
-            for cycle in range(2, 5):  # three new versions appear, each copied in place
-                shutil.copytree(repo / BIG / "1", repo / BIG / str(cycle))
-                until(lambda c=cycle: states(port, BIG).get(str(c)) == "READY", f"v{cycle}")
-            for _ in range(3):  # the latest version's file is replaced three times
-                source = repo / "digits-mlp" / "1" / "model.onnx"
-                shutil.copy(source, repo / "digits-mlp" / "2" / "model.onnx")
-                time.sleep(1.2)  # two scans agree, then the reload
-                os.utime(source)
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")  # unmodified
-            assert client.is_model_ready(BIG, "4")
-            served = client.get_inference_statistics(BIG)["model_stats"]
-            assert sum(s["inference_stats"]["success"]["count"] for s in served) > 0
-            index = client.get_model_repository_index()
-            assert {e.get("version") for e in index if e["name"] == BIG} == {"1", "2", "3", "4"}
-            with pytest.raises(InferenceServerException, match="not allowed if polling"):
-                client.unload_model(BIG)
-    finally:
-        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_REPOSITORY_POLL_SECONDS"]
+    env = {"GELU_MODEL_CONTROL_MODE": "poll", "GELU_REPOSITORY_POLL_SECONDS": "0.3"}
+    with serving(repo, **env) as port, Load(port, [BIG, "digits-mlp"]).running() as load:
+        for cycle in range(2, 5):  # three new versions appear, each copied in place
+            version = str(cycle)
+            shutil.copytree(repo / BIG / "1", repo / BIG / version)
+            wait_until(partial(ready, port, BIG, version), 30, what=f"v{version}")
+        for _ in range(3):  # the latest version's file is replaced three times
+            source = repo / "digits-mlp" / "1" / "model.onnx"
+            shutil.copy(source, repo / "digits-mlp" / "2" / "model.onnx")
+            time.sleep(1.2)  # two scans agree, then the reload
+            os.utime(source)
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")  # unmodified
+        assert client.is_model_ready(BIG, "4")
+        served = client.get_inference_statistics(BIG)["model_stats"]
+        assert sum(s["inference_stats"]["success"]["count"] for s in served) > 0
+        index = client.get_model_repository_index()
+        assert {e.get("version") for e in index if e["name"] == BIG} == {"1", "2", "3", "4"}
+        with pytest.raises(InferenceServerException, match="not allowed if polling"):
+            client.unload_model(BIG)
     assert load.errors == [] and set(load.statuses) == {200}, (load.statuses, load.errors[:3])
     assert load.statuses[200] > 200
 
 
 def test_explicit_mode_reloads_and_unloads_under_load(repo: Path) -> None:
-    os.environ["GELU_MODEL_CONTROL_MODE"] = "explicit"
-    os.environ["GELU_LOAD_MODELS"] = "*"
-    try:
-        with serving(repo) as port:
-            with Load(port, [BIG]).running() as load:
-                for cycle in range(3):  # a new file for the big model, loaded: a swap
-                    write_model(repo, BIG, 10 + cycle, hidden=2048, seed=cycle)
-                    shutil.copy(repo / BIG / str(10 + cycle) / "model.onnx", repo / BIG / "1")
-                    shutil.rmtree(repo / BIG / str(10 + cycle))
-                    assert post(port, f"/v2/repository/models/{BIG}/load")[0] == 200
-            assert load.errors == [] and set(load.statuses) == {200}, load.statuses
-            with Load(port, [BIG]).running() as load:
-                for _ in range(3):  # unloaded then loaded: 404 meanwhile, nothing worse
-                    assert post(port, f"/v2/repository/models/{BIG}/unload")[0] == 200
-                    time.sleep(0.3)
-                    assert post(port, f"/v2/repository/models/{BIG}/load")[0] == 200
-                    time.sleep(0.3)
-            assert load.errors == [] and set(load.statuses) <= {200, 404}, load.errors[:3]
-            assert load.statuses[404] > 0 and load.statuses[200] > 0
-            shutil.rmtree(repo / "digits-mlp" / "1")  # a version removed from the repository
-            assert post(port, "/v2/repository/models/digits-mlp/load")[0] == 200
-            v2 = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
-                              "data": DIGITS[0].tolist()}]}  # fmt: skip
-            status, body = post(port, "/v2/models/digits-mlp/versions/1/infer", v2)
-            assert status == 404 and "unknown version '1'" in str(body)
-    finally:
-        del os.environ["GELU_MODEL_CONTROL_MODE"], os.environ["GELU_LOAD_MODELS"]
+    env = {"GELU_MODEL_CONTROL_MODE": "explicit", "GELU_LOAD_MODELS": "*"}
+    with serving(repo, **env) as port:
+        with Load(port, [BIG]).running() as load:
+            for cycle in range(3):  # a new file for the big model, loaded: a swap
+                write_model(repo, BIG, 10 + cycle, hidden=2048, seed=cycle)
+                shutil.copy(repo / BIG / str(10 + cycle) / "model.onnx", repo / BIG / "1")
+                shutil.rmtree(repo / BIG / str(10 + cycle))
+                assert control(port, f"/v2/repository/models/{BIG}/load")[0] == 200
+        assert load.errors == [] and set(load.statuses) == {200}, load.statuses
+        with Load(port, [BIG]).running() as load:
+            for _ in range(3):  # unloaded then loaded: 404 meanwhile, nothing worse
+                assert control(port, f"/v2/repository/models/{BIG}/unload")[0] == 200
+                time.sleep(0.3)
+                assert control(port, f"/v2/repository/models/{BIG}/load")[0] == 200
+                time.sleep(0.3)
+        assert load.errors == [] and set(load.statuses) <= {200, 404}, load.errors[:3]
+        assert load.statuses[404] > 0 and load.statuses[200] > 0
+        shutil.rmtree(repo / "digits-mlp" / "1")  # a version removed from the repository
+        assert control(port, "/v2/repository/models/digits-mlp/load")[0] == 200
+        v2 = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                          "data": DIGITS[0].tolist()}]}  # fmt: skip
+        status, body = control(port, "/v2/models/digits-mlp/versions/1/infer", v2)
+        assert status == 404 and "unknown version '1'" in str(body)

@@ -6,9 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from fastapi.testclient import TestClient
-
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, app_client, service_settings
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gelu-serve.json"
 # PromQL's functions, keywords and the dashboard's variables: every other name is a metric.
@@ -30,10 +28,12 @@ def _metric_names(expression: str) -> set[str]:
     return {n for n in names if n not in NOT_METRICS and not n.startswith("$")}
 
 
-def test_every_query_names_metrics_the_service_exports(client: TestClient) -> None:
-    client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:2].tolist()})
-    client.post("/v1/models/digits-mlp:predict", json={"instances": [[1.0]]})  # a 400
-    exported = set(re.findall(r"^([a-z_:]+)[{ ]", client.get("/metrics").text, re.MULTILINE))
+def test_every_query_names_metrics_the_service_exports(model_repository: Path) -> None:
+    with app_client(service_settings(model_repository)) as client:
+        client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:2].tolist()})
+        client.post("/v1/models/digits-mlp:predict", json={"instances": [[1.0]]})  # a 400
+        metrics = client.get("/metrics").text
+    exported = set(re.findall(r"^([a-z_:]+)[{ ]", metrics, re.MULTILINE))
     expressions = _expressions()
     assert len(expressions) >= 9
     named: set[str] = set()

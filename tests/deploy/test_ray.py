@@ -17,8 +17,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ import yaml
 from contract.readme import block
 from tests.helpers import DIGITS, load_model
 from tests.onnx_models import write_model
-from tests.service.rest.test_server import free_port
+from tests.servers import free_port, get, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "docs" / "ray.json"  # the run docs/deployment.md quotes
@@ -101,27 +102,16 @@ def ray_start(*args: str, log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-def wait_for(what: str, check, timeout: float, every: float = 0.5, log: Path | None = None):
-    """``check()``'s first true result within ``timeout`` seconds; else a failure that quotes
-    the end of ``log`` (a Ray node's own output says why it did not come up)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(every)
-    message = f"timed out waiting for {what}"
-    if log is not None and log.exists():
-        message += f"; {log.name} ends:\n{log.read_text(errors='replace')[-3000:]}"
-    raise AssertionError(message)
+def ends(log: Path) -> Callable[[], str]:
+    """The end of a Ray node's ``log``, for a failure to quote (it says why the node did not
+    come up)."""
+    return lambda: f"{log.name} ends:\n{log.read_text(errors='replace')[-3000:]}"
 
 
 def reachable(url: str) -> bool:
+    """Whether a Ray dashboard at ``url`` (on loopback) answers."""
     try:
-        host, port = url.removeprefix("http://").split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=2)
-        connection.request("GET", "/api/version")
-        return connection.getresponse().status == 200
+        return get(int(url.rsplit(":", 1)[1]), "/api/version", timeout=2)[0] == 200
     except OSError:
         return False
 
@@ -147,7 +137,8 @@ def cluster() -> Iterator[Cluster]:
                 log=temp / "head.log",
             )
         )
-        wait_for("the head node", lambda: reachable(started.dashboard), 180, log=temp / "head.log")
+        up = partial(reachable, started.dashboard)
+        wait_until(up, 180, 0.5, "the head node", ends(temp / "head.log"))
         started.processes.append(
             ray_start(
                 f"--address=127.0.0.1:{gcs}",
@@ -158,7 +149,7 @@ def cluster() -> Iterator[Cluster]:
             )
         )
         two = lambda: len(alive_nodes(started.dashboard)) == 2  # noqa: E731
-        wait_for("two nodes", two, 180, log=temp / "node.log")
+        wait_until(two, 180, 0.5, "two nodes", ends(temp / "node.log"))
         started.up_seconds = time.monotonic() - began
         yield started
     finally:
@@ -345,13 +336,11 @@ def test_the_service_on_a_two_node_ray_cluster(
 
     def ready() -> bool:
         try:
-            connection = http.client.HTTPConnection("127.0.0.1", cluster.http_port, timeout=2)
-            connection.request("GET", "/v2/health/ready")
-            return connection.getresponse().status == 200
+            return get(cluster.http_port, "/v2/health/ready", timeout=2)[0] == 200
         except OSError:
             return False
 
-    wait_for("the application", ready, 120)
+    wait_until(ready, 120, 0.5, "the application")
     figures: dict = {"date": time.strftime("%Y-%m-%d"), "cluster_s": cluster.up_seconds}
     figures["deploy_s"] = time.monotonic() - began
 
@@ -400,7 +389,12 @@ def test_the_service_on_a_two_node_ray_cluster(
     figures["users"] = 6
     with Load(cluster.http_port, users=figures["users"]) as load:
         scaled = time.monotonic()
-        replicas = wait_for("two replicas", lambda: len(r := cluster.replicas()) == 2 and r, 90)
+
+        def two_replicas() -> list[dict] | None:
+            replicas = cluster.replicas()
+            return replicas if len(replicas) == 2 else None
+
+        replicas = wait_until(two_replicas, 90, 0.5, "two replicas")
         figures["scale_up_s"] = time.monotonic() - scaled
         assert {r["node"] for r in replicas} == set(alive_nodes(cluster.dashboard))
         time.sleep(3)  # both replicas serving
@@ -412,7 +406,7 @@ def test_the_service_on_a_two_node_ray_cluster(
             served = served_per_node(cluster)
             return served if len(served) == 2 and min(served.values()) > 0 else {}
 
-        served = wait_for("requests answered on both nodes", both_nodes, 60, every=2)
+        served = wait_until(both_nodes, 60, 2, "requests answered on both nodes")
         figures["served_per_node"] = sorted(served.values(), reverse=True)
 
         # A replica process killed under load: Ray replaces it.
@@ -420,11 +414,10 @@ def test_the_service_on_a_two_node_ray_cluster(
         victim = replicas[0]["pid"]
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(
-            "a replacement replica",
+        wait_until(
             lambda: len(r := cluster.replicas()) == 2 and victim not in {x["pid"] for x in r},
-            90,
-        )
+            90, 0.5, "a replacement replica",
+        )  # fmt: skip
         figures["replace_s"] = time.monotonic() - killed
         time.sleep(3)  # the replacement serving
     sent = load.ok + load.failed
@@ -435,7 +428,7 @@ def test_the_service_on_a_two_node_ray_cluster(
 
     # The load over, Ray scales back to one replica.
     settled = time.monotonic()
-    wait_for("one replica", lambda: len(cluster.replicas()) == 1, 120)
+    wait_until(lambda: len(cluster.replicas()) == 1, 120, 0.5, "one replica")
     figures["scale_down_s"] = time.monotonic() - settled
 
     # Service-wide: Ray's metrics export, summed over the nodes, counts every request.
@@ -445,7 +438,7 @@ def test_the_service_on_a_two_node_ray_cluster(
             - before
         )
 
-    wait_for("the metrics export", lambda: counted() >= load.ok, 60, every=2)
+    wait_until(lambda: counted() >= load.ok, 60, 2, "the metrics export")
 
     # A new version dropped in the repository reaches every replica by its own polling.
     write_model(repository, "digits-mlp", 3)
@@ -456,7 +449,7 @@ def test_the_service_on_a_two_node_ray_cluster(
                    for _ in range(10)]  # fmt: skip
         return all(a.get("model_version") == "3" for a in answers)
 
-    wait_for("version 3 everywhere", serving_3, 60, every=1)
+    wait_until(serving_3, 60, 1, "version 3 everywhere")
     figures["poll_s"] = time.monotonic() - polled
     print("\n" + render(figures))
     if os.environ.get("GELU_RECORD_FIGURES") == "1":

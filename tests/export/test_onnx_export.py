@@ -25,13 +25,12 @@ from export.repository import RepositoryError  # noqa: E402
 from models.activations import make_activation  # noqa: E402
 from models.train import file_sha256, load_checkpoint  # noqa: E402
 
-pytestmark = pytest.mark.slow  # real servers or training
-
 
 def ops(path: Path) -> list[str]:
     return [n.op_type for n in onnx.load(str(path)).graph.node]
 
 
+@pytest.mark.slow  # training (the validator's own tests are fast)
 def test_default_repository_layout(trained_repository: Path) -> None:
     assert sorted(p.name for p in trained_repository.iterdir()) == [
         "digits-autoencoder", "digits-mlp", "digits-mlp-tanh"
@@ -44,6 +43,7 @@ def test_default_repository_layout(trained_repository: Path) -> None:
     assert "max_batch_size: 256" in config and "dims: [ 64 ]" in config
 
 
+@pytest.mark.slow  # training
 @pytest.mark.parametrize(
     ("model", "approximate", "count"),
     [("digits-mlp", "none", 2), ("digits-mlp-tanh", "tanh", 1), ("digits-autoencoder", "none", 2)],
@@ -61,6 +61,7 @@ def test_gelu_layers_become_native_gelu_nodes(
     assert graph.opset_import[0].version >= 20
 
 
+@pytest.mark.slow  # training
 def test_cnn_exports_with_native_gelu(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     path = export_checkpoint(checkpoints["cnn"], tmp_path, "digits-cnn")
     assert ops(path).count("Gelu") == 2
@@ -90,6 +91,7 @@ def test_validator_counts_gelu_nodes(tmp_path: Path) -> None:
         check_gelu_nodes(graph, expected=2)
 
 
+@pytest.mark.slow  # training
 def test_parity_check_catches_a_wrong_graph(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     _, model, config = load_checkpoint(checkpoints["mlp"])
     path = export_checkpoint(checkpoints["mlp"], tmp_path, "m")
@@ -100,6 +102,7 @@ def test_parity_check_catches_a_wrong_graph(tmp_path: Path, checkpoints: dict[st
         check_parity(model, config, path)
 
 
+@pytest.mark.slow  # training
 @pytest.mark.parametrize("batch", [1, 7, 256])
 def test_onnxruntime_matches_pytorch(
     trained_repository: Path, checkpoints: dict[str, Path], batch: int
@@ -114,6 +117,7 @@ def test_onnxruntime_matches_pytorch(
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.slow  # training
 def test_metadata(trained_repository: Path, checkpoints: dict[str, Path]) -> None:
     graph = onnx.load(str(trained_repository / "digits-mlp" / "2" / "model.onnx"))
     meta = {p.key: p.value for p in graph.metadata_props}
@@ -125,6 +129,7 @@ def test_metadata(trained_repository: Path, checkpoints: dict[str, Path]) -> Non
     assert meta["checkpoint_sha256"] == file_sha256(checkpoints["mlp"])
 
 
+@pytest.mark.slow  # training
 def test_existing_version_is_refused_and_nothing_half_written(
     tmp_path: Path, checkpoints: dict[str, Path]
 ) -> None:
@@ -140,6 +145,7 @@ def test_existing_version_is_refused_and_nothing_half_written(
     assert export_checkpoint(checkpoints["mlp"], tmp_path, "m").parent.name == "4"
 
 
+@pytest.mark.slow  # training
 def test_failed_validation_leaves_nothing(
     tmp_path: Path, checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,6 +160,7 @@ def test_failed_validation_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # training
 def test_export_signs_what_it_writes(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     """--sign-key: the version carries a signature the service verifies, made before the
     version was moved into place."""

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from models.networks import ConfigError, NetworkConfig, build_model  # noqa: E402
 from models.train import CheckpointError, load_checkpoint  # noqa: E402
-from tests.conftest import train_quick  # noqa: E402
+from tests.training import train_quick  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["mlp", "autoencoder", "cnn"])

@@ -6,7 +6,6 @@ with the reason while the rest serve."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,10 @@ ROWS = DIGITS[:5]
 
 
 @pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """The test repository with the default ensemble."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    write_ensemble(root, default_ensemble(root))
-    return root
+def repo(repo: Path) -> Path:
+    """A private copy of the test repository with the default ensemble."""
+    write_ensemble(repo, default_ensemble(repo))
+    return repo
 
 
 def request(rows: np.ndarray) -> InferenceRequest:
@@ -147,11 +144,9 @@ def test_tritonclient_over_http_and_grpc(repo: Path) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from tests.service.rest.test_limits import probed
-    from tests.service.rest.test_server import free_port
+    from tests.servers import grpc_server
 
-    grpc_port = free_port()
-    with probed(repo, None, {"GELU_GRPC_PORT": str(grpc_port)}) as (port, _):
-        over_http = _through(httpclient, f"127.0.0.1:{port}")
-        over_grpc = _through(grpcclient, f"127.0.0.1:{grpc_port}")
+    with grpc_server(repo) as server:
+        over_http = _through(httpclient, f"127.0.0.1:{server.http_port}")
+        over_grpc = _through(grpcclient, server.address)
     np.testing.assert_array_equal(over_http, over_grpc)

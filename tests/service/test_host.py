@@ -4,14 +4,11 @@ it as peers and stopped before it, and every face describing a model the same wa
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -26,7 +23,7 @@ from service.grpc.server import SERVICE
 from service.host import STOPPED, Host
 from service.settings import Settings
 from tests.onnx_models import FEATURES, FIXED_ROWS, build_repository, write_model
-from tests.servers import ROOT, free_port, get, wait_until
+from tests.servers import free_port, get, on_thread, post, probed, refusal, wait_until
 
 pytestmark = pytest.mark.slow  # real uvicorn and grpcio servers on loopback
 
@@ -58,23 +55,14 @@ class RecordedCore(DataPlane):
 
 
 class Running:
-    """A host serving in a thread of this process (signals reach only the main thread: the
-    test stops it with ``Host.stop``)."""
+    """A host serving in a thread of this process (``servers.on_thread``: the test stops it
+    with ``Host.stop``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.http_port, self.grpc_port = free_port(), settings.grpc_port
         self.core = RecordedCore(settings, (self.http_port, self.grpc_port))
         self.host = Host(settings, self.core)
-        self.thread = threading.Thread(target=self.host.run, args=("127.0.0.1", self.http_port))
-        self.thread.start()
-        wait_until(self.ready, timeout=60, what="the host did not start")
-
-    def ready(self) -> bool:
-        assert self.thread.is_alive(), "the host stopped while starting"
-        try:
-            return get(self.http_port, "/v2/health/ready")[0] == 200
-        except OSError:
-            return False
+        self.thread = on_thread(partial(self.host.run, "127.0.0.1", self.http_port), self.http_port)
 
     def stop(self, signum: int) -> None:
         self.host.stop(signum)
@@ -172,25 +160,13 @@ def test_model_control_on_one_face_is_seen_by_the_other(repository: Path) -> Non
     try:
         stub = served.stub()
         assert not stub.ModelReady(pb.ModelReadyRequest(name="fixed-mlp")).ready
-        status, _ = _post(served.http_port, "/v2/repository/models/fixed-mlp/load")
+        status, _ = post(served.http_port, "/v2/repository/models/fixed-mlp/load")
         assert status == 200
         assert stub.ModelReady(pb.ModelReadyRequest(name="fixed-mlp")).ready
         stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="fixed-mlp"))
         assert get(served.http_port, "/v2/models/fixed-mlp/ready")[0] == 404  # unloaded
     finally:
         served.stop(signal.SIGINT)
-
-
-def _post(port: int, path: str) -> tuple[int, bytes]:
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("POST", path, b"{}", {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
 
 
 def test_sigterm_drains_both_faces_then_stops_them_before_the_core(repository: Path) -> None:
@@ -223,31 +199,18 @@ def test_sigterm_drains_both_faces_then_stops_them_before_the_core(repository: P
     assert served.core.events == [("start", False, False), ("stop", False, False)]
 
 
-def _serve(repository: Path, http_port: int, **env: str) -> subprocess.CompletedProcess[str]:
-    """`gelu-serve serve`, expected to refuse to start."""
-    environment = {
-        **os.environ,
-        "GELU_MODEL_REPOSITORY": str(repository),
-        "GELU_WARMUP_RUNS": "0",
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "serve", "--port", str(http_port)],
-        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("taken_face", ["grpc", "http"])
 def test_a_port_in_use_stops_start_up_in_one_line(repository: Path, taken_face: str) -> None:
+    env = {"GELU_MODEL_REPOSITORY": str(repository), "GELU_WARMUP_RUNS": "0"}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         if taken_face == "grpc":
-            result = _serve(repository, free_port(), GELU_GRPC_PORT=str(port))
+            result = refusal({**env, "GELU_GRPC_PORT": str(port)}, port=free_port())
             needle = f"cannot start: gRPC: cannot bind 127.0.0.1:{port}"
         else:
-            result = _serve(repository, port, GELU_GRPC_PORT=str(free_port()))
+            result = refusal({**env, "GELU_GRPC_PORT": str(free_port())}, port=port)
             needle = f"('127.0.0.1', {port}): address already in use"
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
@@ -259,35 +222,13 @@ def test_a_port_in_use_stops_start_up_in_one_line(repository: Path, taken_face: 
 def test_sigterm_stops_a_served_process_with_both_faces(repository: Path) -> None:
     """`gelu-serve serve` with both faces: SIGTERM drains (logged once), both faces close, the
     core stops last, and the process exits 0."""
-    http_port, grpc_port = free_port(), free_port()
-    environment = {
-        **os.environ,
-        "GELU_MODEL_REPOSITORY": str(repository),
-        "GELU_WARMUP_RUNS": "0",
-        "GELU_GRPC_PORT": str(grpc_port),
-        "GELU_DRAIN_SECONDS": "0.5",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(http_port)],
-        cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-
-        def ready() -> bool:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                return get(http_port, "/v2/health/ready")[0] == 200
-            except OSError:
-                return False
-
-        wait_until(ready, timeout=60, every=0.2, what="not ready")
+    grpc_port = free_port()
+    env = {"GELU_WARMUP_RUNS": "0", "GELU_GRPC_PORT": str(grpc_port), "GELU_DRAIN_SECONDS": "0.5"}
+    with probed(repository, None, env) as (http_port, process):
         stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
         assert stub.ServerReady(pb.ServerReadyRequest()).ready
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
+    output = process.output  # type: ignore[attr-defined]  # no traceback in it: the harness
     assert process.returncode == 0, output
-    assert "Traceback" not in output, output
     lines = output.splitlines()
     drained = [i for i, line in enumerate(lines) if "draining for 0.5 s" in line]
     stopped = [i for i, line in enumerate(lines) if STOPPED in line]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +12,18 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.logs import LOGS, JsonFormatter, LogControl, escape, formatter, logger
+from service.logs import (
+    LOGS,
+    JsonFormatter,
+    LogControl,
+    escape,
+    formatter,
+    logger,
+    new_request_id,
+)
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
+from tests.servers import grpc_server
 
 PREDICT = "/v1/models/digits-mlp:predict"
 
@@ -29,9 +39,13 @@ def test_a_request_id_is_kept_or_made_and_returned(client: TestClient) -> None:
     body = {"instances": DIGITS[:1].tolist()}
     given = client.post(PREDICT, json=body, headers={"X-Request-ID": "caller-7"})
     assert given.status_code == 200 and given.headers["x-request-id"] == "caller-7"
+    # A made one: this process's 8 hex digits, then a count, one up for each id made since.
     made = client.post(PREDICT, json=body).headers["x-request-id"]
-    assert len(made) == 16 and int(made, 16) >= 0
-    assert made != client.post(PREDICT, json=body).headers["x-request-id"]
+    after = new_request_id()
+    following = client.post(PREDICT, json=body).headers["x-request-id"]
+    assert re.fullmatch("[0-9a-f]{16}", made) and re.fullmatch("[0-9a-f]{16}", following)
+    assert made[:8] == after[:8] == following[:8]
+    assert int(made[8:], 16) < int(after[8:], 16) < int(following[8:], 16)
     # FastAPI's routes as the direct ones
     assert (
         client.get("/v2/health/live", headers={"X-Request-ID": "h"}).headers["x-request-id"] == "h"
@@ -160,8 +174,6 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from tests.service.grpc.test_grpc import grpc_server
-
     x = DIGITS[:1]
 
     def infer_both(tag: str, http: httpclient.InferenceServerClient,
@@ -173,9 +185,7 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
         grpc_inputs[0].set_data_from_numpy(np.ascontiguousarray(x))
         grpc.infer("digits-mlp", grpc_inputs, headers={"x-request-id": f"{tag}-grpc"})
 
-    servers = grpc_server(model_repository, GELU_LOG_FORMAT="json")
-    server = next(servers)
-    try:
+    with grpc_server(model_repository, GELU_LOG_FORMAT="json") as server:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
         grpc = grpcclient.InferenceServerClient(server.address)
         assert http.get_log_settings()["log_format"] == "json"
@@ -187,8 +197,6 @@ def test_log_settings_change_a_running_server_on_both_faces(model_repository: Pa
         infer_both("after", http, grpc)
         assert http.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
         infer_both("later", http, grpc)
-    finally:
-        next(servers, None)
     lines = [json.loads(line) for line in server.process.output.splitlines()  # type: ignore[attr-defined]
              if line.startswith("{")]  # fmt: skip
     by_id = {line.get("request_id"): line for line in lines if "status" in line}

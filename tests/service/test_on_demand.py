@@ -18,6 +18,7 @@ from service.repository import demand
 from service.settings import SettingsError, load_settings
 from tests.helpers import DIGITS
 from tests.onnx_models import write_model
+from tests.servers import get, post, rss_bytes, running
 
 pytestmark = pytest.mark.anyio
 MODELS = [f"m{i}" for i in range(6)]
@@ -174,14 +175,6 @@ def test_pinned_models_fit_the_count() -> None:
         load_settings(model_control_mode="on_demand", pinned_models="a,b", max_loaded_models=1)
 
 
-def _resident(pid: int) -> int:
-    """A process's resident memory in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 # What the test allows the server's memory to grow by beyond the budget's models: allocator
 # free lists, the loaded models' batchers and statistics, metrics' label sets.
 RSS_CONSTANT = 48 << 20
@@ -197,8 +190,6 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
     import shutil
     import threading
     import time
-
-    from tests.servers import get, probed
 
     root = tmp_path / "repo"
     write_model(root, "m000", 1)
@@ -231,22 +222,26 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
             statuses[response.status] = statuses.get(response.status, 0) + 1
         connection.close()
 
-    with probed(root, None, env) as (port, process):
+    with running(root, **env) as (port, process):
         for name in names[:20]:  # the budget filled first: memory is measured from there
-            assert get(port, f"/v2/models/{name}/ready")[0] in (200, 400, 404)
-        start_rss = _resident(process.pid)
+            assert post(port, f"/v2/models/{name}/infer", body.encode())[0] == 200, name
+        loaded = json.loads(post(port, "/v2/repository/index", b'{"ready": true}')[1])
+        assert sorted(e["name"] for e in loaded) == names[:20]
+        start_rss = rss_bytes(process.pid)
         drivers = [threading.Thread(target=drive, args=(port, s)) for s in range(4)]
         for driver in drivers:
             driver.start()
         for _ in range(20):
             time.sleep(1)
-            resident.append(_resident(process.pid))
+            resident.append(rss_bytes(process.pid))
         stop.set()
         for driver in drivers:
             driver.join(timeout=60)
         metrics = get(port, "/metrics")[1].decode()
         stats = json.loads(get(port, "/v2/models/stats")[1])["model_stats"]
-        index = json.loads(http_post(port, "/v2/repository/index", b"{}"))
+        status, listed = post(port, "/v2/repository/index")
+        assert status == 200
+        index = json.loads(listed)
     assert set(statuses) == {200}, statuses  # not one request failed
     assert sum(statuses.values()) > 200
     values = {}
@@ -267,16 +262,3 @@ def test_five_hundred_models_under_a_budget_of_twenty(tmp_path: Path) -> None:
     assert sum(e["residency"]["evictions"] for e in stats) > 0
     per_model = values["gelu_loaded_model_bytes"] / values["gelu_loaded_models"]
     assert max(resident) - start_rss <= 20 * per_model + RSS_CONSTANT, (resident, start_rss)
-
-
-def http_post(port: int, path: str, body: bytes) -> bytes:
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("POST", path, body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        assert response.status == 200
-        return response.read()
-    finally:
-        connection.close()

@@ -4,7 +4,6 @@ serving, swaps and unloads that lose no request, and polling."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import re
 import shutil
 import time
@@ -18,18 +17,10 @@ from service.dataplane import DataPlane
 from service.errors import BadInputError, ModelLoadError, NotFoundError, StartupError
 from service.inference import InferenceRequest, RequestInput
 from service.runtime import Model
-from tests.helpers import DIGITS
-from tests.onnx_models import write_model
+from tests.helpers import DIGITS, until
+from tests.onnx_models import write_foreign, write_model
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """A private copy of the test repository, free to change."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    return root
 
 
 def request(rows: int = 1) -> InferenceRequest:
@@ -188,14 +179,6 @@ async def test_poll_mode_follows_the_repository(settings_factory, repo: Path) ->
     core = await started(
         settings_factory, repo, model_control_mode="poll", repository_poll_seconds=0.05
     )
-
-    async def until(condition, what: str) -> None:
-        """Until ``condition()`` (awaited when it is a coroutine function) is true."""
-        deadline = time.monotonic() + 10
-        while not (await condition() if inspect.iscoroutinefunction(condition) else condition()):
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.05)
-
     try:
         shutil.copytree(repo / "digits-mlp" / "2", repo / "digits-mlp" / "3")
         await until(lambda: core.model_info("digits-mlp").versions == ["1", "2", "3"], "v3")
@@ -243,20 +226,6 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
         assert batches is not None and batches.instances == 2
     finally:
         await core.stop()
-
-
-def write_foreign(repo: Path, name: str, shape: list, op: str) -> None:
-    """An ONNX file not exported by this project: no config.pbtxt, no metadata_props."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
-    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], name, [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 10
-    (repo / name / "1").mkdir(parents=True)
-    onnx.save(model, str(repo / name / "1" / "model.onnx"))
 
 
 async def test_any_onnx_file_without_config_or_batch_axis(settings_factory, repo: Path) -> None:

@@ -95,13 +95,9 @@ def test_credentials_of_16_characters_start(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_serve_refuses_a_short_token_in_one_line(tmp_path: Path) -> None:
     """What an operator sees: `gelu-serve serve` exits at once, one line naming the variable."""
-    import os
-    import subprocess
-    import sys
+    from tests.servers import refusal
 
-    env = {**os.environ, "GELU_CONTROL_TOKEN": "x", "GELU_MODEL_REPOSITORY": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "cli", "serve", "--port", "0"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = refusal({"GELU_CONTROL_TOKEN": "x", "GELU_MODEL_REPOSITORY": str(tmp_path)})
     assert done.returncode != 0
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "GELU_CONTROL_TOKEN" in lines[0] and "16" in lines[0], lines

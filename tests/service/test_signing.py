@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from service.dataplane import DataPlane
 from service.errors import BadInputError, ModelLoadError
 from service.inference import InferenceRequest, RequestInput
 from service.onnxrt import OnnxRuntime, SessionFactory, session_options
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, until
 
 pytest.importorskip("model_signing")  # the [signing] extra
 pytestmark = pytest.mark.anyio
@@ -120,26 +120,27 @@ async def test_poll_refuses_a_bad_new_version_and_keeps_serving(
                 failures += 1
             await asyncio.sleep(0.005)
 
-    async def until(condition, what: str) -> None:
+    async def seen(condition: Callable[[dict], bool], what: str) -> None:
         """Until ``condition`` holds of digits-mlp's states in the index."""
-        deadline = time.monotonic() + 15
-        while not condition(await _states(core, "digits-mlp")):
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.05)
+
+        async def holds() -> bool:
+            return condition(await _states(core, "digits-mlp"))
+
+        await until(holds, what, timeout=15)
 
     asker = asyncio.create_task(keep_asking())
     try:
         new = root / "digits-mlp" / "3"
         shutil.copytree(root / "digits-mlp" / "2", new)
         (new / SIGNATURE_FILENAME).unlink()
-        await until(lambda states: "3" in states, "the unsigned version seen")
+        await seen(lambda states: "3" in states, "the unsigned version seen")
         assert "unsigned" in (await _states(core, "digits-mlp"))["3"][1]
         sign(new, other)
-        await until(lambda states: "does not verify" in states["3"][1], "other key")
+        await seen(lambda states: "does not verify" in states["3"][1], "other key")
         sign(new, private)
-        await until(lambda states: states["3"][0] == "READY", "signed: serves")
+        await seen(lambda states: states["3"][0] == "READY", "signed: serves")
         _flip_a_byte(new / "model.onnx")
-        await until(lambda states: "new files failed" in states["3"][1], "altered")
+        await seen(lambda states: "new files failed" in states["3"][1], "altered")
         assert "3" in core.model_info("digits-mlp").versions  # the verified one still serves
     finally:
         asker.cancel()

@@ -10,7 +10,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,8 +21,7 @@ import pytest
 
 from service.settings import SettingsError, load_settings
 from tests.helpers import DIGITS
-from tests.service.rest.test_limits import probed
-from tests.service.rest.test_server import free_port
+from tests.servers import ROOT, environment, free_port, probed, wait_until
 
 trustme = pytest.importorskip("trustme")  # the [dev] extra
 PREDICT = "/v1/models/digits-mlp:predict"
@@ -225,14 +223,11 @@ def test_mutual_tls_admits_only_clients_with_a_certificate(
 
 def _probe(port: int, env: dict[str, str]) -> int:
     """``gelu-serve health``'s exit status against ``port``."""
-    import os
     import sys
-
-    from tests.service.rest.test_limits import ROOT
 
     return subprocess.run(
         [sys.executable, "-m", "cli", "health", "--port", str(port)],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, timeout=30,
+        cwd=ROOT, env=environment(None, env), capture_output=True, timeout=30,
     ).returncode  # fmt: skip
 
 
@@ -246,10 +241,8 @@ def test_a_replaced_certificate_is_served_without_a_restart(
         first = _https(port, pki.context())[2]
         serial = pki.reissue()
         assert serial != first
-        deadline = time.monotonic() + 10
-        while _https(port, pki.context())[2] != serial:
-            assert time.monotonic() < deadline, "the new certificate was never served"
-            time.sleep(0.2)
+        new = "the new certificate served"
+        wait_until(lambda: _https(port, pki.context())[2] == serial, 10, 0.2, new)
         # gRPC: a new connection's handshake presents the new certificate.
         server_pem = ssl.get_server_certificate(("127.0.0.1", grpc_port)).encode()
         assert _serial(server_pem) == serial
@@ -373,9 +366,7 @@ def test_a_replaced_client_ca_is_the_only_one_trusted_on_both_faces(
     with probed(model_repository, lambda port: _https(port, old_client)[0], env) as (port, _):
         assert grpc_live(pki.folder / "old.pem")
         new_client = _client(pki, _replace_client_ca(pki, client_ca), "new")
-        deadline = time.monotonic() + 10
-        while _admitted(port, old_client):
-            assert time.monotonic() < deadline, "the old CA's client is still admitted"
-            time.sleep(0.2)
+        old = "the old CA's client refused"
+        wait_until(lambda: not _admitted(port, old_client), 10, 0.2, old)
         assert _admitted(port, new_client)
         assert not grpc_live(pki.folder / "old.pem") and grpc_live(pki.folder / "new.pem")

@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otl
 from service.rest.app import create_app
 from service.trace_settings import TraceSettings
 from tests.helpers import DIGITS, assert_error
+from tests.servers import ServedFaces, grpc_server, wait_until
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
@@ -46,14 +47,19 @@ class Receiver:
                     self.resources.extend(resource for _ in scope_spans.spans)
 
     def wait(self, done: Any, seconds: float = 15) -> list[Any]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            with self.lock:
-                spans = list(self.spans)
-            if done(spans):
-                return spans
-            time.sleep(0.05)
-        raise AssertionError(f"spans never arrived: {[s.name for s in spans]}")
+        """The spans received, once ``done(spans)`` holds of them."""
+
+        def received() -> list[Any] | None:
+            spans = self.received()
+            return spans if done(spans) else None
+
+        return wait_until(received, seconds, 0.05, "spans to arrive",
+                          lambda: f"spans: {[s.name for s in self.received()]}")  # fmt: skip
+
+    def received(self) -> list[Any]:
+        """The spans received so far."""
+        with self.lock:
+            return list(self.spans)
 
 
 @pytest.fixture(params=["http/protobuf", "grpc"])
@@ -139,19 +145,15 @@ def test_spans_reach_an_otlp_receiver_from_both_faces(
     them; a gRPC call is traced as an HTTP one is."""
     import tritonclient.grpc as grpcclient
 
-    from tests.service.grpc.test_grpc import grpc_server
-
     got, protocol, endpoint = receiver
-    servers = grpc_server(
+    with grpc_server(
         model_repository,
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_BSP_SCHEDULE_DELAY="50",
         OTEL_SERVICE_NAME="gelu-test",
-    )
-    server = next(servers)
-    try:
+    ) as server:
         parent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
         body = b'{"instances": [' + ",".join(["[" + ",".join(["0.5"] * 64) + "]"]).encode() + b"]}"
         status, _ = server.http_post(
@@ -185,8 +187,6 @@ def test_spans_reach_an_otlp_receiver_from_both_faces(
                 and any(s.name == "batch" for s in spans)
             )
         )
-    finally:
-        next(servers, None)
 
     by_caller = [
         s for s in spans if s.trace_id.hex() == CALLER_TRACE and s.kind == s.SPAN_KIND_SERVER
@@ -296,53 +296,48 @@ def test_bad_trace_settings_are_refused(change: dict[str, Any], needle: str) -> 
 def test_tritonclient_changes_the_running_servers_tracing(model_repository: Path) -> None:
     """tritonclient's trace settings over gRPC and HTTP change which requests a running
     server exports spans for."""
-    from tests.service.grpc.test_grpc import grpc_server
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    with (
+        otlp_receiver("http/protobuf") as (got, endpoint),
+        grpc_server(model_repository, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **env) as server,
+    ):
+        _change_tracing(got, server)
 
-    with otlp_receiver("http/protobuf") as (got, endpoint):
-        servers = grpc_server(model_repository, OTEL_TRACES_EXPORTER="otlp",
-                              OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-                              OTEL_BSP_SCHEDULE_DELAY="50")  # fmt: skip
-        _change_tracing(got, servers)
 
-
-def _change_tracing(got: Receiver, servers: Iterator[Any]) -> None:
+def _change_tracing(got: Receiver, server: ServedFaces) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    server = next(servers)
-    try:
-        http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
-        grpc_client = grpcclient.InferenceServerClient(server.address)
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    grpc_client = grpcclient.InferenceServerClient(server.address)
 
-        def predict(model: str, times: int) -> None:
-            x = httpclient.InferInput("input", [1, 64], "FP32")
-            x.set_data_from_numpy(DIGITS[:1])
-            for _ in range(times):
-                http.infer(model, [x])
+    def predict(model: str, times: int) -> None:
+        x = httpclient.InferInput("input", [1, 64], "FP32")
+        x.set_data_from_numpy(DIGITS[:1])
+        for _ in range(times):
+            http.infer(model, [x])
 
-        def traced(model: str) -> int:
-            spans = got.wait(lambda spans: True)
-            return sum(s.kind == s.SPAN_KIND_SERVER and _attributes(s)["triton.model_name"]
-                       == model for s in spans)  # fmt: skip
+    def traced(model: str) -> int:
+        spans = got.wait(lambda spans: True)
+        return sum(s.kind == s.SPAN_KIND_SERVER and _attributes(s)["triton.model_name"]
+                   == model for s in spans)  # fmt: skip
 
-        answer = grpc_client.update_trace_settings(settings={"trace_rate": "2"}, as_json=True)
-        assert answer["settings"]["trace_rate"]["value"] == ["2"]
-        assert http.get_trace_settings()["trace_rate"] == "2"  # one server, one setting
-        predict("digits-mlp", 4)
-        got.wait(lambda spans: traced("digits-mlp") >= 2)
-        time.sleep(0.3)  # any third would have come by now
-        assert traced("digits-mlp") == 2  # one in two
-        http.update_trace_settings("digits-mlp", {"trace_level": ["OFF"]})
-        assert grpc_client.get_trace_settings("digits-mlp", as_json=True)["settings"][
-            "trace_level"
-        ]["value"] == ["OFF"]
-        predict("digits-mlp", 4)
-        predict("digits-mlp-tanh", 2)
-        got.wait(lambda spans: traced("digits-mlp-tanh") >= 1)
-        time.sleep(0.3)
-        assert traced("digits-mlp") == 2  # off for this model alone
-    finally:
-        next(servers, None)
+    answer = grpc_client.update_trace_settings(settings={"trace_rate": "2"}, as_json=True)
+    assert answer["settings"]["trace_rate"]["value"] == ["2"]
+    assert http.get_trace_settings()["trace_rate"] == "2"  # one server, one setting
+    predict("digits-mlp", 4)
+    got.wait(lambda spans: traced("digits-mlp") >= 2)
+    time.sleep(0.3)  # any third would have come by now
+    assert traced("digits-mlp") == 2  # one in two
+    http.update_trace_settings("digits-mlp", {"trace_level": ["OFF"]})
+    assert grpc_client.get_trace_settings("digits-mlp", as_json=True)["settings"]["trace_level"][
+        "value"
+    ] == ["OFF"]
+    predict("digits-mlp", 4)
+    predict("digits-mlp-tanh", 2)
+    got.wait(lambda spans: traced("digits-mlp-tanh") >= 1)
+    time.sleep(0.3)
+    assert traced("digits-mlp") == 2  # off for this model alone
 
 
 def test_a_request_the_sampler_drops_makes_no_trace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,46 +25,23 @@ from bench.proc import pin_tree
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.grpc.server import MAX_DETAILS_CHARS
-from tests.helpers import DIGITS
-from tests.service.rest.test_limits import get, running
-from tests.service.rest.test_server import free_port
-from tests.service.rest.test_v2 import binary_request
+from tests.helpers import DIGITS, binary_request
+from tests.servers import ServedFaces, get, grpc_server, wait_until
+from tests.service.grpc.messages import BAD, changed, raw_request, runs_of_digits_mlp, typed_request
 
 pytestmark = pytest.mark.slow  # real server processes
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
-class Server:
-    def __init__(self, http_port: int, grpc_port: int, process: subprocess.Popen[str]) -> None:
-        self.http_port, self.grpc_port, self.process = http_port, grpc_port, process
-        self.address = f"127.0.0.1:{grpc_port}"
-
-    def stub(self) -> pb_grpc.GRPCInferenceServiceStub:
-        return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.address))
-
-    def http_post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
-        connection.request("POST", path, body, headers)
-        response = connection.getresponse()
-        return response.status, response.read()
-
-
-def grpc_server(repository: Path, **env: str) -> Iterator[Server]:
-    grpc_port = free_port()
-    settings = {"GELU_GRPC_PORT": str(grpc_port), "GELU_MAX_BODY_BYTES": str(1 << 20), **env}
-    with running(repository, **settings) as (port, process):
-        yield Server(port, grpc_port, process)
-
-
 @pytest.fixture(scope="module")
-def server(model_repository: Path) -> Iterator[Server]:
+def server(model_repository: Path) -> Iterator[ServedFaces]:
     # Explicit mode with every model loaded, so the repository methods can be exercised.
-    yield from grpc_server(
-        model_repository, GELU_MODEL_CONTROL_MODE="explicit", GELU_LOAD_MODELS="*"
-    )
+    env = {"GELU_MODEL_CONTROL_MODE": "explicit", "GELU_LOAD_MODELS": "*"}
+    with grpc_server(model_repository, **env) as server:
+        yield server
 
 
-def test_tritonclient_every_method(server: Server) -> None:
+def test_tritonclient_every_method(server: ServedFaces) -> None:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -110,21 +86,7 @@ def test_tritonclient_every_method(server: Server) -> None:
         client.infer("nope", [tensor])
 
 
-def typed_request(x: np.ndarray, model: str = "digits-mlp") -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="input", datatype="FP32", shape=x.shape)
-    tensor.contents.fp32_contents.extend(x.ravel().tolist())
-    return request
-
-
-def raw_request(x: np.ndarray, model: str = "digits-mlp") -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=model)
-    request.inputs.add(name="input", datatype="FP32", shape=x.shape)
-    request.raw_input_contents.append(x.astype("<f4").tobytes())
-    return request
-
-
-def test_typed_and_raw_contents_answer_in_kind_and_agree(server: Server) -> None:
+def test_typed_and_raw_contents_answer_in_kind_and_agree(server: ServedFaces) -> None:
     stub, x = server.stub(), DIGITS[:3]
     typed = stub.ModelInfer(typed_request(x))
     raw = stub.ModelInfer(raw_request(x))
@@ -135,7 +97,7 @@ def test_typed_and_raw_contents_answer_in_kind_and_agree(server: Server) -> None
         np.testing.assert_array_equal(np.array(output.contents.fp32_contents, "<f4"), from_raw)
 
 
-def test_grpc_and_http_answers_are_bit_identical(server: Server) -> None:
+def test_grpc_and_http_answers_are_bit_identical(server: ServedFaces) -> None:
     x = DIGITS[5:13]
     raw = server.stub().ModelInfer(raw_request(x))
     content, headers = binary_request(
@@ -172,7 +134,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def test_kserve_grpc_client(server: Server) -> None:
+def test_kserve_grpc_client(server: ServedFaces) -> None:
     """kserve's InferenceGRPCClient, unmodified (in its own process: kserve and tritonclient
     both register the protocol's names in protobuf's default pool)."""
     x = DIGITS[:2]
@@ -189,7 +151,7 @@ def test_kserve_grpc_client(server: Server) -> None:
     )
 
 
-def test_grpcurl_through_reflection(server: Server) -> None:
+def test_grpcurl_through_reflection(server: ServedFaces) -> None:
     def grpcurl(*args: str) -> str:
         done = subprocess.run(
             [GRPCURL, "-plaintext", *args], capture_output=True, text=True, timeout=30
@@ -216,62 +178,9 @@ def test_grpcurl_through_reflection(server: Server) -> None:
     assert len(contents.get("fp32_contents", contents.get("fp32Contents", []))) == 10
 
 
-BAD = [
-    (lambda: pb.ModelInferRequest(model_name="nope"), grpc.StatusCode.NOT_FOUND, "unknown model"),
-    (lambda: typed_request(DIGITS[:1, :10]), grpc.StatusCode.INVALID_ARGUMENT, "does not match"),
-    (lambda: _with(typed_request(DIGITS[:2]), shape=[3, 64]), grpc.StatusCode.INVALID_ARGUMENT,
-     "contents hold 128 values but shape [3, 64] needs 192"),
-    (lambda: _with(raw_request(DIGITS[:2]), datatype="FP64"), grpc.StatusCode.INVALID_ARGUMENT,
-     "bytes of data"),
-    (lambda: _with(typed_request(DIGITS[:1]), datatype="BANANA"),
-     grpc.StatusCode.INVALID_ARGUMENT, "datatype 'BANANA'"),
-    (lambda: _raw_count(raw_request(DIGITS[:1])), grpc.StatusCode.INVALID_ARGUMENT,
-     "raw_input_contents holds 2 entries for 1 inputs"),
-    (lambda: _typed_too(raw_request(DIGITS[:1])), grpc.StatusCode.INVALID_ARGUMENT,
-     "contents must be empty when raw_input_contents is used"),
-    (lambda: _param(typed_request(DIGITS[:1]), "priority", 1), grpc.StatusCode.INVALID_ARGUMENT,
-     "'priority' is not supported"),
-    (lambda: _param(typed_request(DIGITS[:1]), "timeout", -1), grpc.StatusCode.INVALID_ARGUMENT,
-     "'timeout' must be an integer"),
-    (lambda: typed_request(DIGITS[:300]), grpc.StatusCode.RESOURCE_EXHAUSTED,
-     "above the maximum of 256"),
-    (lambda: raw_request(np.zeros((8192, 64), np.float32)), grpc.StatusCode.RESOURCE_EXHAUSTED,
-     "larger than max"),
-    (lambda: _with(typed_request(DIGITS[:1]), shape=[1] * 40), grpc.StatusCode.INVALID_ARGUMENT,
-     "at most 32"),
-]  # fmt: skip
-
-
-def _with(request: pb.ModelInferRequest, **changes) -> pb.ModelInferRequest:
-    tensor = request.inputs[0]
-    if "shape" in changes:
-        del tensor.shape[:]
-        tensor.shape.extend(changes["shape"])
-    if "datatype" in changes:
-        tensor.datatype = changes["datatype"]
-    if "name" in changes:
-        tensor.name = changes["name"]
-    return request
-
-
-def _raw_count(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
-    request.raw_input_contents.append(b"")
-    return request
-
-
-def _typed_too(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
-    request.inputs[0].contents.fp32_contents.extend(DIGITS[0].tolist())
-    return request
-
-
-def _param(request: pb.ModelInferRequest, key: str, value: int) -> pb.ModelInferRequest:
-    request.parameters[key].int64_param = value
-    return request
-
-
 @pytest.mark.parametrize(("build", "code", "needle"), BAD)
 def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
-    server: Server, build, code, needle: str
+    server: ServedFaces, build, code, needle: str
 ) -> None:
     stub = server.stub()
     with pytest.raises(grpc.RpcError) as caught:
@@ -284,14 +193,14 @@ def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
 
 @pytest.mark.parametrize("name", ["x" * 100_000, "\U0001f600" * 100_000])
 def test_a_long_string_a_client_sent_is_cut_from_the_message_to_fit_its_trailer(
-    server: Server, name: str
+    server: ServedFaces, name: str
 ) -> None:
     """Echoed whole, a 10 KB name made the message's trailer larger than a client accepts:
     RESOURCE_EXHAUSTED "Stream removed" instead of the error. A 4-byte character is the worst
     case: 12 bytes percent-encoded."""
     for request in (
         raw_request(DIGITS[:1], model=name),
-        _with(typed_request(DIGITS[:1]), name=name),
+        changed(typed_request(DIGITS[:1]), name=name),
     ):
         with pytest.raises(grpc.RpcError) as caught:
             server.stub().ModelInfer(request)
@@ -299,11 +208,6 @@ def test_a_long_string_a_client_sent_is_cut_from_the_message_to_fit_its_trailer(
         assert caught.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
         assert details.startswith(("unknown model '", "unknown input '")), details[:100]
         assert "characters cut)" in details and len(details) <= MAX_DETAILS_CHARS
-
-
-def test_readme_quotes_the_cut() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "docs" / "endpoints.md").read_text()
-    assert f"longer than {MAX_DETAILS_CHARS} characters" in readme
 
 
 def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: Path) -> None:
@@ -321,7 +225,7 @@ def test_connections_and_calls_beyond_the_limits_are_refused(model_repository: P
         "GELU_HEADER_TIMEOUT_SECONDS": "1",
         "GELU_BODY_TIMEOUT_SECONDS": "3",
     }
-    for server in grpc_server(model_repository, **env):
+    with grpc_server(model_repository, **env) as server:
         # Calls: four in flight on one connection, waiting for company; a fifth is refused.
         assert asyncio.run(_one_call_past(server.address, 4)) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED, [2] * 4
@@ -372,16 +276,17 @@ def _stalled_calls(port: int, calls: int) -> Iterator[socket.socket]:
             ("content-type", "application/grpc"), ("te", "trailers"),
         ]
     )  # fmt: skip
-    deadline = time.monotonic() + 15
-    while True:  # until a connection is let in: the server's SETTINGS come
+
+    def let_in() -> socket.socket | None:
+        """A connection, once the server's SETTINGS come on it."""
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(4, 1, 0))
         if sock.recv(65536):
-            break
+            return sock
         sock.close()
-        assert time.monotonic() < deadline, "no connection was let in"
-        time.sleep(0.5)
-    with sock:
+        return None
+
+    with wait_until(let_in, timeout=15, every=0.5, what="no connection was let in") as sock:
         for stream in range(1, 2 * calls, 2):
             announced = b"\x00" + (100).to_bytes(4, "big") + b"\x0a"  # 1 of 100 bytes
             sock.sendall(frame(1, 4, stream, headers) + frame(0, 0, stream, announced))
@@ -409,11 +314,12 @@ def _channel(address: str) -> grpc.Channel:
 def _connected(address: str, channel: grpc.Channel | None = None) -> grpc.Channel:
     """``channel``, else a new one of its own each try, once it has answered, within 30 s (grpc
     lets an idle connection go one to two keep-alives after its last call)."""
-    deadline = time.monotonic() + 30
-    while _live(answered := channel or _channel(address)) is not None:
-        assert time.monotonic() < deadline, "no call was let in"
-        time.sleep(0.5)
-    return answered
+
+    def answered() -> grpc.Channel | None:
+        tried = channel or _channel(address)
+        return tried if _live(tried) is None else None
+
+    return wait_until(answered, timeout=30, every=0.5, what="no call was let in")
 
 
 def _live(channel: grpc.Channel) -> grpc.StatusCode | None:
@@ -429,7 +335,7 @@ def _live(channel: grpc.Channel) -> grpc.StatusCode | None:
     return None
 
 
-def test_unimplemented_methods_say_so(server: Server) -> None:
+def test_unimplemented_methods_say_so(server: ServedFaces) -> None:
     channel = grpc.insecure_channel(server.address)
     method = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryStatus")
     with pytest.raises(grpc.RpcError) as caught:
@@ -437,7 +343,7 @@ def test_unimplemented_methods_say_so(server: Server) -> None:
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_metrics_count_grpc_calls(server: Server) -> None:
+def test_metrics_count_grpc_calls(server: ServedFaces) -> None:
     server.stub().ModelInfer(raw_request(DIGITS[:1]))
     with pytest.raises(grpc.RpcError):
         server.stub().ModelInfer(raw_request(DIGITS[:1], model="nope"))
@@ -450,32 +356,18 @@ def test_metrics_count_grpc_calls(server: Server) -> None:
     assert any('model=""' in x and 'code="404"' in x for x in lines)  # "nope" is no label
 
 
-def _runs_of_digits_mlp(server: Server, *calls: tuple[Callable[..., object], tuple]) -> list[int]:
-    """Makes the calls at once, each on its own thread; then the latest digits-mlp's inference
-    and execution counts, and the size of each batch it has run, from ModelStatistics."""
-    threads = [threading.Thread(target=call, args=args) for call, args in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    stats = server.stub().ModelStatistics(pb.ModelStatisticsRequest(name="digits-mlp"))
-    (latest,) = [s for s in stats.model_stats if s.version == "2"]
-    sizes = sorted(b.batch_size for b in latest.batch_stats)
-    return [latest.inference_count, latest.execution_count, *sizes]
-
-
 def test_grpc_requests_batch_alone_and_with_http(model_repository: Path) -> None:
     """With batches on a worker thread and a 300 ms queue delay, one HTTP and one gRPC request
     sent together run as one batch of two, and then eight gRPC calls sent together as one
     batch of eight."""
     env = {"GELU_INLINE_MAX_US": "0", "GELU_MAX_QUEUE_DELAY_US": "300000"}
-    for server in grpc_server(model_repository, **env):
+    with grpc_server(model_repository, **env) as server:
         x, stub = DIGITS[:1], server.stub()
         content, headers = binary_request(x)
         http = (server.http_post, ("/v2/models/digits-mlp/infer", content, headers))
         grpc_call = (stub.ModelInfer, (raw_request(x),))
-        assert _runs_of_digits_mlp(server, grpc_call, http) == [2, 1, 2]  # one run for both
-        assert _runs_of_digits_mlp(server, *[grpc_call] * 8) == [10, 2, 2, 8]
+        assert runs_of_digits_mlp(server, grpc_call, http) == [2, 1, 2]  # one run for both
+        assert runs_of_digits_mlp(server, *[grpc_call] * 8) == [10, 2, 2, 8]
 
 
 async def _calls_at_once(address: str, calls: int, times: int) -> None:
@@ -498,14 +390,14 @@ def test_concurrent_grpc_calls_share_runs_with_the_default_settings(
     takes the turns grpcio's threads need: then 600-950 runs."""
     cpus = os.sched_getaffinity(0)
     core = min(cpus)
-    for server in grpc_server(model_repository):
+    with grpc_server(model_repository) as server:
         pin_tree(server.process.pid, {core})
         os.sched_setaffinity(0, cpus - {core} or cpus)
         try:
             asyncio.run(_calls_at_once(server.address, 64, 20))
         finally:
             os.sched_setaffinity(0, cpus)
-        inferences, executions, *_ = _runs_of_digits_mlp(server)
+        inferences, executions, *_ = runs_of_digits_mlp(server)
         assert inferences == 1280
         assert executions < inferences / 2
 
@@ -513,7 +405,7 @@ def test_concurrent_grpc_calls_share_runs_with_the_default_settings(
 def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    for server in grpc_server(model_repository, GELU_DRAIN_SECONDS="3"):
+    with grpc_server(model_repository, GELU_DRAIN_SECONDS="3") as server:
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.address))
         check = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
         assert health.Check(check).status == health_pb2.HealthCheckResponse.SERVING
@@ -524,7 +416,7 @@ def test_health_turns_not_serving_when_draining(model_repository: Path) -> None:
         assert server.process.wait(timeout=30) == 0
 
 
-def test_readme_grpc_examples_work_as_written(server: Server) -> None:
+def test_readme_grpc_examples_work_as_written(server: ServedFaces) -> None:
     """Each ```py block of docs/endpoints.md and each grpcurl line, against the real server."""
     import re
 

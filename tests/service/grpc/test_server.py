@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.grpc.server import (
     HEALTH_DESCRIPTOR,
+    MAX_DETAILS_CHARS,
     REFLECTION_DESCRIPTOR,
     ROUTE_CLASSES,
     SERVICE_DESCRIPTOR,
@@ -242,3 +244,10 @@ async def test_a_connection_past_its_streams_is_refused_and_its_streams_let_go(
     release.set()
     await asyncio.gather(*calls, other)
     assert servicer.envelope.streams.held == 0
+
+
+def test_the_docs_quote_the_cut() -> None:
+    """docs/endpoints.md states how long a message's detail may be before it is cut (the cut
+    itself, against a real server: test_grpc.py)."""
+    endpoints = (Path(__file__).resolve().parents[3] / "docs" / "endpoints.md").read_text()
+    assert f"longer than {MAX_DETAILS_CHARS} characters" in endpoints

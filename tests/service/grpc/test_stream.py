@@ -18,15 +18,8 @@ import pytest
 from service.grpc import inference_pb2 as pb
 from service.grpc.server import STREAM_WINDOW, Window
 from tests.helpers import DIGITS
-from tests.service.grpc.test_grpc import (
-    BAD,
-    Server,
-    _runs_of_digits_mlp,
-    grpc_server,
-    raw_request,
-    typed_request,
-)
-from tests.service.rest.test_limits import get
+from tests.servers import ServedFaces, get, grpc_server, wait_until
+from tests.service.grpc.messages import BAD, raw_request, runs_of_digits_mlp, typed_request
 
 # grpcio refuses a message above the limit itself, ending the call (test below); the core's
 # refusals are the stream's to answer in band.
@@ -35,8 +28,9 @@ IN_BAND = [bad for bad in BAD if bad[2] != "larger than max"]
 
 
 @pytest.fixture(scope="module")
-def server(model_repository: Path) -> Iterator[Server]:
-    yield from grpc_server(model_repository)
+def server(model_repository: Path) -> Iterator[ServedFaces]:
+    with grpc_server(model_repository) as server:
+        yield server
 
 
 def _identified(request: pb.ModelInferRequest, request_id: str) -> pb.ModelInferRequest:
@@ -46,7 +40,7 @@ def _identified(request: pb.ModelInferRequest, request_id: str) -> pb.ModelInfer
 
 @pytest.mark.slow
 def test_each_request_is_answered_in_the_order_sent_as_model_infer_answers_it(
-    server: Server,
+    server: ServedFaces,
 ) -> None:
     """Good requests between every kind of bad one: the good ones' outputs are ModelInfer's,
     byte for byte; a bad one gets ModelInfer's message in band, with its id, and the stream
@@ -78,14 +72,14 @@ def test_each_request_is_answered_in_the_order_sent_as_model_infer_answers_it(
 
 
 @pytest.mark.slow
-def test_typed_contents_are_answered_in_kind(server: Server) -> None:
+def test_typed_contents_are_answered_in_kind(server: ServedFaces) -> None:
     (answer,) = server.stub().ModelStreamInfer(iter([typed_request(DIGITS[:3])]), timeout=30)
     assert not answer.error_message and not answer.infer_response.raw_output_contents
     assert [list(o.shape) for o in answer.infer_response.outputs] == [[3, 10], [3, 10]]
 
 
 @pytest.mark.slow
-def test_the_first_failure_ends_the_call_when_the_client_asks(server: Server) -> None:
+def test_the_first_failure_ends_the_call_when_the_client_asks(server: ServedFaces) -> None:
     """Triton's `triton_grpc_error` header: the answers before the failure, then its status."""
     requests = [raw_request(DIGITS[:1]), pb.ModelInferRequest(model_name="nope")]
     call = server.stub().ModelStreamInfer(
@@ -100,7 +94,7 @@ def test_the_first_failure_ends_the_call_when_the_client_asks(server: Server) ->
 
 
 @pytest.mark.slow
-def test_a_message_above_the_limit_ends_the_call(server: Server) -> None:
+def test_a_message_above_the_limit_ends_the_call(server: ServedFaces) -> None:
     """As a ModelInfer call's: grpcio refuses it before the service sees it."""
     call = server.stub().ModelStreamInfer(iter([raw_request(DIGITS[:1]), TOO_LARGE()]))
     answers = []
@@ -113,7 +107,7 @@ def test_a_message_above_the_limit_ends_the_call(server: Server) -> None:
 
 
 @pytest.mark.slow
-def test_tritonclient_streams(server: Server) -> None:
+def test_tritonclient_streams(server: ServedFaces) -> None:
     """tritonclient's start_stream / async_stream_infer, unmodified."""
     import tritonclient.grpc as grpcclient
 
@@ -137,14 +131,14 @@ def test_requests_of_one_stream_share_a_run(model_repository: Path) -> None:
     """With batches on a worker thread and a 300 ms queue delay, eight requests sent at once on
     one stream run as one batch of eight, as eight calls at once do."""
     env = {"GELU_INLINE_MAX_US": "0", "GELU_MAX_QUEUE_DELAY_US": "300000"}
-    for server in grpc_server(model_repository, **env):
+    with grpc_server(model_repository, **env) as server:
         requests = [raw_request(DIGITS[:1])] * 8
         stream = (list, (server.stub().ModelStreamInfer(iter(requests), timeout=30),))
-        assert _runs_of_digits_mlp(server, stream) == [8, 1, 8]
+        assert runs_of_digits_mlp(server, stream) == [8, 1, 8]
 
 
 @pytest.mark.slow
-def test_a_client_that_stops_reading_holds_only_the_window(server: Server) -> None:
+def test_a_client_that_stops_reading_holds_only_the_window(server: ServedFaces) -> None:
     """A client sending without end and reading nothing: the server stops reading once its
     answers fill the transport's windows and the stream's own (STREAM_WINDOW), instead of
     running every request and holding its answer; meanwhile it serves others, and once the
@@ -159,12 +153,13 @@ def test_a_client_that_stops_reading_holds_only_the_window(server: Server) -> No
 
     call = stub.ModelStreamInfer(without_end(), timeout=120)
     next(call)
-    settled, last, deadline = 0, -1, time.monotonic() + 60
-    while settled < 4:  # two seconds without a request run
-        assert time.monotonic() < deadline, "the server kept reading"
-        time.sleep(0.5)
-        count = _inferences(server)
-        settled, last = (settled + 1 if count == last else 0), count
+    counts: list[int] = []
+
+    def settled() -> bool:  # two seconds without a request run: five readings alike
+        counts.append(_inferences(server))
+        return len(counts) >= 5 and len(set(counts[-5:])) == 1
+
+    wait_until(settled, timeout=60, every=0.5, what="the server kept reading")
     assert len(stub.ModelInfer(raw_request(DIGITS[:1])).outputs) == 2  # serving others
     sent = next(pulled)
     time.sleep(1)
@@ -173,7 +168,7 @@ def test_a_client_that_stops_reading_holds_only_the_window(server: Server) -> No
     assert len(stub.ModelInfer(raw_request(DIGITS[:1])).outputs) == 2
 
 
-def _inferences(server: Server) -> int:
+def _inferences(server: ServedFaces) -> int:
     stats = server.stub().ModelStatistics(pb.ModelStatisticsRequest(name="digits-mlp"))
     return sum(s.inference_count for s in stats.model_stats)
 

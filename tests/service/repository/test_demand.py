@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from service.errors import LoadFailedError, OverloadedError
 from service.inference import InferenceRequest, RequestInput
 from service.repository import demand
 from service.runtime import Model
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, until
 from tests.onnx_models import write_model, write_scaling
 
 pytestmark = pytest.mark.anyio
@@ -86,13 +85,6 @@ def slow_m0(monkeypatch) -> threading.Event:
     return release
 
 
-async def until(condition, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def test_a_model_in_use_is_never_unloaded_to_make_room(
     settings_factory, many: Path, slow_m0: threading.Event
 ) -> None:
@@ -101,7 +93,7 @@ async def test_a_model_in_use_is_never_unloaded_to_make_room(
         await core.infer("m0", None, request())  # m0 first: the least recently used
         slow_m0.clear()
         running = asyncio.create_task(core.infer("m0", None, request()))
-        await until(lambda: core.repository.get("m0").in_flight == 1, "m0 running")  # type: ignore[union-attr]
+        await until(lambda: core.repository.get("m0").in_flight == 1, "m0 running", every=0.01)  # type: ignore[union-attr]
         await core.infer("m1", None, request())
         await core.infer("m2", None, request())  # room from m1, idle, not from m0, in use
         assert loaded(core) == ["m0", "m2"]
@@ -120,7 +112,7 @@ async def test_a_load_waits_for_room_within_its_timeout(
         await core.infer("m0", None, request())
         slow_m0.clear()
         running = asyncio.create_task(core.infer("m0", None, request()))
-        await until(lambda: core.repository.get("m0").in_flight == 1, "m0 running")  # type: ignore[union-attr]
+        await until(lambda: core.repository.get("m0").in_flight == 1, "m0 running", every=0.01)  # type: ignore[union-attr]
         with pytest.raises(OverloadedError, match="'m1' is still loading"):
             await core.infer("m1", None, request(timeout_us=50_000))
         assert loaded(core) == ["m0"]  # nothing loaded for a request that gave up

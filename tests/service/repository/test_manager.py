@@ -5,10 +5,8 @@ path on disk; an unknown name costs the event loop no directory listing."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,21 +16,13 @@ from service.dataplane import DataPlane
 from service.errors import LoadFailedError, NotFoundError, StartupError
 from service.inference import InferenceRequest, RequestInput
 from service.repository import manager
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, until
 
 pytestmark = pytest.mark.anyio
 # What a load may raise besides the repository's own refusal: a parser's, the disk's, a
 # recursion limit's, onnxruntime's allocator's.
 FOREIGN = [ValueError("invalid literal"), OSError(5, "Input/output error"),
            RecursionError("maximum recursion depth exceeded"), MemoryError()]  # fmt: skip
-
-
-@pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    """A private copy of the test repository, free to change."""
-    root = tmp_path / "repo"
-    shutil.copytree(model_repository, root)
-    return root
 
 
 async def started(settings_factory, repo: Path, **overrides) -> DataPlane:
@@ -112,12 +102,6 @@ async def test_the_poller_outlives_a_bad_config(
     parser should, each stop that model alone: another model's new version still loads."""
     core = await started(settings_factory, repo, model_control_mode="poll",
                          repository_poll_seconds=0.05)  # fmt: skip
-
-    async def until(condition, what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not condition():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.05)
 
     real = manager.read_config
 

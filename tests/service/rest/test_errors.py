@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers import DIGITS, assert_error
-from tests.service.rest.test_v2 import binary_request
+from tests.helpers import DIGITS, assert_error, binary_request
 
 ROW = [0.5] * 64
 V1 = "/v1/models/digits-mlp:predict"

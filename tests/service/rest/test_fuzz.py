@@ -12,7 +12,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 
-from tests.service.rest.test_limits import running  # noqa: E402
+from tests.servers import running  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a real server and some thousand requests
 

@@ -14,18 +14,9 @@ import pytest
 
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
-from tests.onnx_models import write_model
 
 V1 = "/v1/models/slow:predict"
 ROW = DIGITS[0].tolist()
-
-
-@pytest.fixture(scope="module")
-def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A classifier wide enough (a millisecond or so a run of 8) to build a queue behind it."""
-    root = tmp_path_factory.mktemp("slow-repository")
-    write_model(root, "slow", 1, hidden=1024, max_batch_size=8)
-    return root
 
 
 @asynccontextmanager

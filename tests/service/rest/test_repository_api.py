@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 from service.control import CONTROL_FORBIDDEN
 from service.rest.app import create_app
 from tests.helpers import DIGITS, assert_error
+from tests.onnx_models import write_foreign
+from tests.servers import wait_until
 
 PREDICT = "/v1/models/{}:predict"
 
@@ -90,9 +92,11 @@ def test_an_unloaded_models_series_leave_metrics(explicit: TestClient) -> None:
     kept = _series(explicit, "digits-mlp")
     assert kept
     assert explicit.post(f"/v2/repository/models/{tanh}/unload").status_code == 200
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any('version="1"' in x for x in _series(explicit, tanh)):
-        time.sleep(0.05)  # the version drains, then its series go
+
+    def gone() -> bool:  # the version drains, then its series go
+        return not any('version="1"' in x for x in _series(explicit, tanh))
+
+    wait_until(gone, timeout=10, every=0.05, what="the unloaded version's series to go")
     left = _series(explicit, tanh)
     assert left and all('version=""' in line for line in left), left
     assert not any(line.startswith("gelu_batch_size") for line in left)
@@ -130,14 +134,8 @@ def test_the_repository_api_can_be_restricted(settings_factory) -> None:
         assert response.status_code == 200 and predict(restricted, "digits-mlp") == 404
 
 
-def test_a_foreign_onnx_file_over_http(settings_factory, tmp_path, model_repository) -> None:
+def test_a_foreign_onnx_file_over_http(settings_factory, repo: Path) -> None:
     """No config.pbtxt, no metadata, no batch axis: listed, described and served."""
-    import shutil
-
-    from tests.service.test_repository import write_foreign
-
-    repo = tmp_path / "repo"
-    shutil.copytree(model_repository, repo)
     write_foreign(repo, "fixed", [2, 3], "Relu")
     with TestClient(create_app(settings_factory(model_repository=repo))) as http:
         assert "fixed" in {m["name"] for m in http.get("/v1/models").json()["models"]}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import onnxruntime as ort
@@ -14,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from service.rest.app import create_app
 from service.settings import SettingsError, load_settings
+from tests.servers import ROOT, refusal
 
-ROOT = Path(__file__).resolve().parents[3]
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
@@ -26,15 +25,9 @@ def _path() -> str:
 
 
 def serve(**env: str) -> subprocess.CompletedProcess[str]:
-    """`gelu-serve serve` on a free port; it is expected to refuse before serving."""
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "serve", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": _path(), **env},
-    )
+    """`gelu-serve serve` on a free port, in an environment of ``env`` alone (no variable of
+    the test's own process); it is expected to refuse before serving."""
+    return refusal(env, environ={"PATH": os.environ["PATH"], "PYTHONPATH": _path()})
 
 
 def assert_one_line_refusal(result: subprocess.CompletedProcess[str], needle: str) -> None:

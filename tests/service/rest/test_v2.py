@@ -6,23 +6,7 @@ import json
 
 import numpy as np
 
-from tests.helpers import DIGITS, assert_error
-
-
-def binary_request(x: np.ndarray, outputs: list[dict] | None = None, **extra) -> tuple[bytes, dict]:
-    """A binary-extension body: JSON header, then the raw tensor."""
-    header: dict = {
-        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        **extra,
-    }  # fmt: skip
-    if outputs is not None:
-        header["outputs"] = outputs
-    text = json.dumps(header).encode()
-    return text + x.astype("<f4").tobytes(), {
-        "Inference-Header-Content-Length": str(len(text)),
-        "Content-Type": "application/octet-stream",
-    }
+from tests.helpers import DIGITS, assert_error, binary_request
 
 
 def split_binary(response) -> tuple[dict, bytes]:

@@ -1,0 +1,44 @@
+"""The service's fixtures: settings over the test repository, a client of the real app with
+its lifespan run, and a private copy of the repository to change."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.helpers import app_client, service_settings
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from service.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def settings_factory(model_repository: Path) -> Callable[..., Settings]:
+    """Settings over the test repository, with overrides (``service_settings``)."""
+
+    def make(**overrides: Any) -> Settings:
+        return service_settings(overrides.pop("model_repository", model_repository), **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def client(settings_factory: Callable[..., Settings]) -> Iterator[TestClient]:
+    """A TestClient over the real app with its lifespan run (models loaded and warmed)."""
+    settings = settings_factory(max_body_bytes=1 << 20, max_activation_elements=100_000)
+    with app_client(settings) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def repo(tmp_path: Path, model_repository: Path) -> Path:
+    """A private copy of the test repository, free to change."""
+    root = tmp_path / "repo"
+    shutil.copytree(model_repository, root)
+    return root
