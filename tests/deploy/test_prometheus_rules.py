@@ -36,8 +36,9 @@ PROMQL_WORDS = {"sum", "avg", "max", "count", "by", "rate", "delta", "clamp_min"
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.skip("promtool missing: Debian's `prometheus` package has it (apt-get install "
-                    "prometheus; the Makefile's `tools` target)")  # fmt: skip
+        pytest.skip(
+            "promtool missing: Debian's `prometheus` package has it (apt-get install prometheus)"
+        )
     return found
 
 
