@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import http.client
+import json
 import re
 import subprocess
 import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,9 +24,11 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import NotFoundError
 from service.inference import InferenceRequest, RequestInput
-from service.metrics import Metrics
+from service.metrics import FLUSH_SECONDS, Metrics
 from service.runtime import Model
 from tests.helpers import DIGITS, load_model
+from tests.onnx_models import write_model
+from tests.servers import get, running, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = re.compile(r'^(gelu_inference_\w+)\{model="([^"]+)",version="([^"]+)"\} (\S+)$', re.M)
@@ -280,3 +286,62 @@ def test_in_flight_is_never_read_below_pending() -> None:
         ("gelu_inference_pending_requests", "m", "1"): 5.0,
         ("gelu_inference_in_flight_requests", "m", "1"): 5.0,
     }
+
+
+# ---- a real server with two workers -------------------------------------------------------
+
+
+def _held(port: int) -> dict[tuple[str, str], float]:
+    """The slow model's two gauges in one scrape, summed over the workers by /metrics."""
+    status, body = get(port, "/metrics")
+    assert status == 200
+    found = {(family, version): float(value)
+             for family, model, version, value in SAMPLE.findall(body.decode())
+             if model == "slow"}  # fmt: skip
+    assert {family for family, _ in found} == {
+        "gelu_inference_pending_requests", "gelu_inference_in_flight_requests"
+    }, found  # fmt: skip  # one series each: the workers' files are summed, not listed
+    return found
+
+
+@pytest.mark.slow
+def test_two_workers_report_their_queues_summed(tmp_path: Path) -> None:
+    """Under a load that queues on a wide model, the scrape sums both workers' requests held
+    and waiting (each written before its worker's flush); after it, both read 0 within a few
+    flushes."""
+    write_model(tmp_path, "slow", 1, hidden=2048, max_batch_size=8)
+    body = json.dumps({"instances": [DIGITS[0].tolist()]})
+    stop = threading.Event()
+
+    def client(port: int) -> int:
+        answered = 0
+        while not stop.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            connection.request("POST", "/v1/models/slow:predict", body=body)
+            assert connection.getresponse().status == 200
+            connection.close()
+            answered += 1
+        return answered
+
+    env = {"GELU_INLINE_MAX_US": "0", "GELU_WORKERS": "2"}
+    with running(tmp_path, **env) as (port, _), ThreadPoolExecutor(48) as pool:
+        clients = [pool.submit(client, port) for _ in range(48)]
+        seen: list[dict[tuple[str, str], float]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            seen.append(_held(port))
+            if seen[-1][("gelu_inference_pending_requests", "1")] > 0:
+                break
+            time.sleep(0.05)
+        stop.set()
+        assert sum(c.result(timeout=60) for c in clients) > 0
+        busiest = max(seen, key=lambda s: s[("gelu_inference_in_flight_requests", "1")])
+        idle = wait_until(
+            lambda: (lambda held: held if not any(held.values()) else None)(_held(port)),
+            timeout=10 * FLUSH_SECONDS, what="the gauges back to 0 after the load",
+        )  # fmt: skip
+    assert busiest[("gelu_inference_pending_requests", "1")] > 0, seen[-5:]
+    in_flight = busiest[("gelu_inference_in_flight_requests", "1")]
+    assert busiest[("gelu_inference_pending_requests", "1")] <= in_flight <= 2 * 256
+    assert idle == {("gelu_inference_pending_requests", "1"): 0.0,
+                    ("gelu_inference_in_flight_requests", "1"): 0.0}  # fmt: skip
