@@ -400,10 +400,13 @@ class Batcher:
 
     def waiting(self) -> int:
         """Requests taken that have not started to run: queued, in a batch still gathering
-        for a worker thread, or looking for company (Triton's pending count). Read when
-        metrics are scraped, from what holds the requests anyway; counting nothing per
-        request, it cannot drift from them."""
-        return len(self._pending) + len(self._gathered) + self._looking
+        for a worker thread, or looking for company (Triton's pending count); not those
+        already answered while they wait (their client left, or their deadline passed),
+        which the next batch drops. Read when metrics are scraped, from what holds the
+        requests anyway: counting nothing per request, it cannot drift from them. Copied
+        first (one step under the GIL), as the metrics' flushing thread may read it."""
+        held = (*self._pending, *self._gathered)
+        return sum(not r.future.done() for r in held) + self._looking
 
     async def infer(
         self,

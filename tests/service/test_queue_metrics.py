@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from service.batching import Batcher, Runs
+from service.batching import Batcher, Deadline, Runs
 from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import NotFoundError
@@ -99,6 +99,30 @@ def test_requests_queued_behind_a_running_batch_are_pending(model, monkeypatch) 
         return running, queued, batcher.waiting()
 
     assert asyncio.run(scenario()) == (0, 5, 0)
+
+
+def test_requests_answered_while_queued_are_not_pending(model, monkeypatch) -> None:
+    """A request whose client left, or whose deadline passed, while it queued is answered at
+    once and dropped by the next batch: it no longer counts as waiting."""
+    gate = Gate(monkeypatch)
+
+    async def scenario() -> tuple[int, int]:
+        batcher = started(model, 0, inline=False)
+        first = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await gate.until_running(1)
+        rest = [asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]})) for _ in range(3)]
+        soon = Deadline(time.perf_counter_ns(), 1_000)  # 1 ms
+        late = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}, deadline=soon))
+        await asyncio.sleep(0.05)
+        rest[0].cancel()
+        await asyncio.sleep(0.01)
+        left = batcher.waiting()
+        gate.open.set()
+        await asyncio.wait_for(asyncio.gather(first, *rest, late, return_exceptions=True), 10)
+        await batcher.stop()
+        return left, batcher.waiting()
+
+    assert asyncio.run(scenario()) == (2, 0)
 
 
 def test_a_batch_waiting_out_its_queue_delay_is_pending(model) -> None:
