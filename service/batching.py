@@ -262,6 +262,13 @@ class Scheduler:
         if self._batcher is not None:
             self._batcher.start()
 
+    def waiting(self) -> int:
+        """Its requests that have not started to run (``Batcher.waiting``). A request run
+        alone counts as started once handed to the loop or to the thread pool, where past
+        the pool's threads (anyio's 40, for the process) it may still wait, uncounted."""
+        batcher = self._batcher
+        return 0 if batcher is None else batcher.waiting()
+
     async def stop(self) -> None:
         """Stop, once the version has drained (the repository waits for its requests in
         flight): batches already running finish, a request still waiting fails, the worker
@@ -341,6 +348,8 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
+        self._looking = False  # inline: a lone request, not queued, looks for company
+        self._gathered: list[_Request] = []  # on threads: the batch gathering, not yet running
         # No company found lately (QUIET_MS): requests do not look for it. ``bypass``, the same
         # inline, tells ``Scheduler.run`` to run them alone, as batching off does; on threads,
         # ``infer`` hands each to a free instance at once.
@@ -389,6 +398,16 @@ class Batcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    def waiting(self) -> int:
+        """Requests taken that have not started to run: queued, in a batch still gathering
+        for a worker thread, or looking for company (Triton's pending count); not those
+        already answered while they wait (their client left, or their deadline passed),
+        which the next batch drops. Read when metrics are scraped, from what holds the
+        requests anyway: counting nothing per request, it cannot drift from them. Copied
+        first (one step under the GIL), as the metrics' flushing thread may read it."""
+        held = (*self._pending, *self._gathered)
+        return sum(not r.future.done() for r in held) + self._looking
+
     async def infer(
         self,
         inputs: dict[str, np.ndarray],
@@ -404,7 +423,12 @@ class Batcher:
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
             looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
-            if looks and await self._company():
+            self._looking = looks  # waiting outside the queue (``waiting``)
+            try:
+                company = looks and await self._company()
+            finally:
+                self._looking = False
+            if company:
                 request = _Request(inputs, size, loop.create_future(), arrived, deadline)
                 request.trace = trace
                 self._pending.appendleft(request)  # first, as it came first
@@ -566,6 +590,7 @@ class Batcher:
                 await self._wakeup.wait()
             await self._instances.acquire()
             batch: list[_Request] = []
+            self._gathered = batch  # its requests wait until its run starts (``waiting``)
             try:
                 await self._gather(batch)
                 batch = [r for r in batch if not r.future.done()]  # gone meanwhile
@@ -580,6 +605,8 @@ class Batcher:
                 raise
             except Exception as exc:
                 _settle(batch, exc)
+            finally:
+                self._gathered = []
             self._instances.release()
 
     async def _run_alone_on_thread(

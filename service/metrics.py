@@ -7,12 +7,14 @@ process then writes its samples there and ``/metrics`` aggregates all of them.
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import os
 import threading
 import time
+import weakref
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any, ClassVar
 
@@ -25,7 +27,12 @@ from prometheus_client import (
     multiprocess,
     values,
 )
-from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    Exemplar,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
 
@@ -38,6 +45,24 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 FLUSH_SECONDS = 1.0  # how stale, at most, one worker's samples are in another's /metrics
+
+logger = logging.getLogger("gelu_serve")
+
+# The autoscaling signals (docs/observability.md, "Autoscaling signals"): per model version,
+# the requests waiting to run (Triton's nv_inference_pending_request_count; Prometheus keeps
+# the suffix _count for histograms and summaries) and those waiting or running.
+PENDING = "gelu_inference_pending_requests"
+PENDING_HELP = (
+    "Requests a model version has taken that have not started to run: queued in its batcher, "
+    "or in a batch still gathering (Triton's nv_inference_pending_request_count)"
+)
+IN_FLIGHT = "gelu_inference_in_flight_requests"
+IN_FLIGHT_HELP = (
+    "Requests a model version has taken and not yet answered, waiting or running (what "
+    "GELU_MAX_QUEUE_SIZE bounds); running = this minus pending"
+)
+# One version's requests as read at a scrape: model, version, pending, in flight.
+QueueSample = tuple[str, str, int, int]
 
 
 class _DeferredValue:
@@ -136,11 +161,23 @@ class _DeferredValue:
         _start_flushing()
 
 
+# The Metrics of this process whose request gauges are read, not counted (``_Queues``): each
+# flush sets them first, so the files hold what was waiting and running at that moment.
+_SAMPLED: weakref.WeakSet[_Queues] = weakref.WeakSet()
+
+
+def _flush() -> None:
+    """Read the request gauges, then write every value updated since the last flush."""
+    for queues in list(_SAMPLED):
+        queues.sample()
+    _DeferredValue.flush()
+
+
 def _start_flushing() -> None:
     def flush_now_and_then() -> None:
         while True:
             time.sleep(FLUSH_SECONDS)
-            _DeferredValue.flush()
+            _flush()
 
     threading.Thread(target=flush_now_and_then, name="metrics-flush", daemon=True).start()
 
@@ -151,7 +188,7 @@ def _defer_multiprocess_writes() -> None:
         return
     values.ValueClass = _DeferredValue
     os.register_at_fork(after_in_child=_DeferredValue._forked)
-    atexit.register(_DeferredValue.flush)
+    atexit.register(_flush)
     _start_flushing()
 
 
@@ -271,6 +308,70 @@ class LeanHistogram(_LeanFamily):
         yield family
 
 
+class _Queues:
+    """The per-version request gauges (``PENDING``, ``IN_FLIGHT``), read from a source rather
+    than counted: the request path changes nothing for them. The source (the repository's
+    ``queues``) answers from what already holds each request: a version's in-flight count and
+    its batcher's queue.
+
+    In one process they are read as the registry is scraped. Across workers each process sets
+    its own gauges (summed over live processes, as ``gelu_requests_in_flight``) before each
+    flush, on the flushing thread or the scrape's: at most ``FLUSH_SECONDS`` old, as every
+    multiprocess sample is. The source may then be read off the event loop; it reads only
+    counts and lengths. A version gone from the source reads 0 from then on."""
+
+    def __init__(self, registry: CollectorRegistry, multiprocess: bool) -> None:
+        self.source: Callable[[], Iterable[QueueSample]] | None = None
+        if multiprocess:
+            self._lock = threading.Lock()  # the flushing thread and a scrape may both sample
+            self._sampled: set[tuple[str, str]] = set()
+            labels = ["model", "version"]
+            self._pending = Gauge(PENDING, PENDING_HELP, labels, registry=registry,
+                                  multiprocess_mode="livesum")  # fmt: skip
+            self._in_flight = Gauge(IN_FLIGHT, IN_FLIGHT_HELP, labels, registry=registry,
+                                    multiprocess_mode="livesum")  # fmt: skip
+            _SAMPLED.add(self)
+        else:
+            registry.register(self)
+
+    def read(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Pending and in flight by (model, version), summed over the source's entries (a
+        version being replaced by a reload of itself finishes its requests beside it)."""
+        source = self.source
+        totals: dict[tuple[str, str], tuple[int, int]] = {}
+        for model, version, pending, in_flight in source() if source is not None else ():
+            was_pending, was_in_flight = totals.get((model, version), (0, 0))
+            totals[model, version] = (was_pending + pending, was_in_flight + in_flight)
+        # Read one after the other, off the loop a request may move between the two reads.
+        return {key: (p, max(p, f)) for key, (p, f) in totals.items()}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One process: the gauges as the scrape reads them."""
+        pending = GaugeMetricFamily(PENDING, PENDING_HELP, labels=["model", "version"])
+        in_flight = GaugeMetricFamily(IN_FLIGHT, IN_FLIGHT_HELP, labels=["model", "version"])
+        for (model, version), (waiting, held) in sorted(self.read().items()):
+            pending.add_metric([model, version], waiting)
+            in_flight.add_metric([model, version], held)
+        yield pending
+        yield in_flight
+
+    def sample(self) -> None:
+        """Across workers: set this process's gauges to what the source says now, 0 for a
+        version it no longer names. A failing read skips one flush, never the flushing."""
+        with self._lock:
+            try:
+                now = self.read()
+            except Exception:  # read off the loop while it changes: the next flush reads again
+                logger.warning("request gauges not sampled this time", exc_info=True)
+                return
+            for key in self._sampled - now.keys():
+                now[key] = (0, 0)
+            for (model, version), (waiting, held) in now.items():
+                self._pending.labels(model, version).set(waiting)
+                self._in_flight.labels(model, version).set(held)
+            self._sampled |= now.keys()
+
+
 class Metrics:
     """Every metric the service exports."""
 
@@ -336,6 +437,7 @@ class Metrics:
             ["model"], registry=registry,
         )  # fmt: skip
         self._residency(registry)
+        self._queues = _Queues(registry, multiprocess)
 
         # In one process, requests in flight are a plain count read at scrape time (a Gauge's
         # inc and dec take a lock each, per request); across workers, each worker's gauge.
@@ -396,6 +498,12 @@ class Metrics:
             if key[1:3] != (model, version)
         }
 
+    def watch_queues(self, source: Callable[[], Iterable[QueueSample]] | None) -> None:
+        """Read ``gelu_inference_pending_requests`` and ``gelu_inference_in_flight_requests``
+        from ``source`` (None: every version reads 0, or is gone in one process); see
+        ``_Queues``."""
+        self._queues.source = source
+
     def request_started(self) -> None:
         if self.multiprocess:
             self.in_flight.inc()
@@ -443,7 +551,7 @@ class Metrics:
         processes in multiprocess mode (which keeps no exemplars)."""
         registry = self.registry
         if self.multiprocess:
-            _DeferredValue.flush()
+            _flush()
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
         return (openmetrics_exposition.generate_latest if openmetrics else generate_latest)(

@@ -37,7 +37,7 @@ from contract.names import CONFIG_FILENAME
 from service.batching import Runs, Scheduler
 from service.errors import ModelLoadError, NotFoundError, first_line
 from service.inference import ModelInfo, TensorInfo
-from service.metrics import Metrics
+from service.metrics import Metrics, QueueSample
 from service.repository.layout import (
     config_completer,
     load_version,
@@ -119,6 +119,7 @@ class ModelRepository:
         self._refusals: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._finishing: set[Served] = set()  # retired, still answering their requests
         self._poller: asyncio.Task[None] | None = None
         self._retire_listeners: list[Callable[[Model], object]] = []
         self._idle_listeners: list[Callable[[], object]] = []
@@ -127,6 +128,7 @@ class ModelRepository:
         self._roots = sorted(spellings, key=len, reverse=True)
         key = settings.model_verify_key  # every version's signature checked before it loads
         self.verifier = Verifier(key) if key is not None else None
+        metrics.watch_queues(self.queues)  # the autoscaling gauges, read when scraped
         # Without config.pbtxt (unless strict), a model's config is derived from its ONNX file.
         self._complete = (
             None
@@ -168,6 +170,15 @@ class ModelRepository:
     def in_flight(self, name: str) -> int:
         """The requests running or queued on ``name``'s serving versions."""
         return sum(s.in_flight for s in self._serving.get(name, {}).values())
+
+    def queues(self) -> list[QueueSample]:
+        """Each version held, serving or finishing its requests after it was retired: its
+        requests waiting to run (``Scheduler.waiting``) and taken but not answered
+        (``Served.in_flight``). Across workers it is read on the metrics' flushing thread:
+        it only copies containers (one step each under the GIL) and reads counts."""
+        held = [s for versions in list(self._serving.values()) for s in list(versions.values())]
+        held += list(self._finishing)
+        return [(s.model.name, s.model.version, s.scheduler.waiting(), s.in_flight) for s in held]
 
     def on_idle(self, listener: Callable[[], object]) -> None:
         """Call ``listener`` whenever a serving version's last request in flight ends."""
@@ -332,6 +343,7 @@ class ModelRepository:
         for name in list(self._serving):
             self._unload(name)
         await asyncio.gather(*self._retiring, return_exceptions=True)
+        self.metrics.watch_queues(None)
         self._states.clear()
         self._loaded_scans.clear()
         self._refusals.clear()
@@ -510,9 +522,11 @@ class ModelRepository:
             listener(served.model)
         if not served.in_flight:
             served.drained.set()
+        self._finishing.add(served)
 
         async def drain() -> None:
             await served.drained.wait()
+            self._finishing.discard(served)
             await served.scheduler.stop()
             model = served.model
             providers = model.providers
