@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
 
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, app_client, service_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -194,9 +193,10 @@ def test_keda_reads_one_number_the_sum_over_pods(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def exposition(client: TestClient) -> str:
-    client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:2].tolist()})
-    return client.get("/metrics").text
+def exposition(model_repository: Path) -> str:
+    with app_client(service_settings(model_repository)) as client:
+        client.post("/v1/models/digits-mlp:predict", json={"instances": DIGITS[:2].tolist()})
+        return client.get("/metrics").text
 
 
 def test_every_metric_the_autoscalers_read_is_exported(exposition: str) -> None:

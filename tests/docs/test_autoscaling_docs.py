@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
+
+from tests.helpers import app_client, service_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTOSCALING = ROOT / "deploy" / "k8s" / "autoscaling"
@@ -97,9 +98,10 @@ def test_the_commands_name_what_exists_and_run() -> None:
         assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
 
 
-def test_the_metrics_example_is_what_the_service_writes(client: TestClient) -> None:
+def test_the_metrics_example_is_what_the_service_writes(model_repository: Path) -> None:
     (example,) = blocks(SIGNALS, "text")
-    scraped = client.get("/metrics").text.splitlines()
+    with app_client(service_settings(model_repository)) as client:
+        scraped = client.get("/metrics").text.splitlines()
     for line in example.splitlines():
         if line.startswith("#"):
             assert line in scraped
