@@ -18,7 +18,7 @@ arrival order, a level's ``max_queue_size`` refusing at once, and a request past
 refused (REJECT) or put behind its level's requests still in time (DELAY). Without one, the
 queue is one plain deque, and the path is as it was. Either way a request leaves the queue the
 moment its client goes or its deadline passes (``Batcher._withdraw``), and one that has started
-to run is never cut short.
+to run is never cut short. See docs/scheduling.md.
 
 ``Scheduler`` is the one run path of a model version, built for every version, batching on or
 off: the core asks its ``run`` once per request and gets an answer or an error; it picks the

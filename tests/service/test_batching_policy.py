@@ -287,9 +287,10 @@ def test_under_overload_a_higher_level_holds_while_a_lower_one_is_refused(tmp_pa
     """Issue 64: two copies of a compute-bound model on one server, driven at once by the same
     load (``bench.priority``): 2 clients at priority 1 and 32 at priority 2 on each. On
     ``ranked`` (two levels, the lower holding at most ``CAP`` waiting requests) the lower
-    level's surplus is refused at once and the higher level's p99 stays well under that of the
-    same clients on ``plain`` (one queue, where they wait behind everyone), below even its p50.
-    At once, so both meet the shared machine's noise alike."""
+    level's surplus is refused at once and the higher level's p50 and p99 stay well under those
+    of the same clients on ``plain`` (one queue, where they wait behind everyone). At once, so
+    both meet the shared machine's noise alike (runs/scheduling-2026-11-28/: 2.5 to 3.5 times
+    under at p99, 4.3 to 4.9 at p50)."""
     write_models(tmp_path)
     env = {"GELU_INLINE_MAX_US": "0", "GELU_INTRA_OP_THREADS": "1", "GELU_LOG_LEVEL": "warning"}
     with running(tmp_path, **env) as (port, _):
@@ -299,6 +300,6 @@ def test_under_overload_a_higher_level_holds_while_a_lower_one_is_refused(tmp_pa
     assert ranked["high"].refused == 0 and ranked["low"].refused > 0, figures
     assert plain["high"].refused == plain["low"].refused == 0, figures
     assert ranked["high"].answered > 0 and plain["high"].answered > 0, figures
-    assert 2 * ranked["high"].p99_ms < plain["high"].p99_ms, figures
-    assert ranked["high"].p99_ms < plain["high"].p50_ms, figures
+    assert 1.5 * ranked["high"].p99_ms < plain["high"].p99_ms, figures
+    assert 2 * ranked["high"].p50_ms < plain["high"].p50_ms, figures
     assert ranked["high"].p50_ms < ranked["low"].p50_ms, figures
