@@ -6,23 +6,31 @@ queue at once and never run; a run once started is never cut short."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import socket
+import struct
 import threading
 import time
 from collections import deque
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from bench.priority import overload, write_models
-from contract.model_config import QueuePolicy, SchedulingPolicy
+from contract.model_config import QueuePolicy, SchedulingPolicy, load_model_config
+from contract.names import CONFIG_FILENAME
 from service.batching import Batcher, Deadline, Levels, Runs, _Request
 from service.errors import OverloadedError
+from service.grpc import inference_pb2 as pb
+from service.grpc import inference_pb2_grpc as pb_grpc
 from service.metrics import Metrics
 from service.runtime import Model
 from tests.helpers import load_model
-from tests.onnx_models import write_variable
-from tests.servers import running
+from tests.onnx_models import write_model, write_variable
+from tests.servers import free_port, get, running, wait_until
 
 TWO_LEVELS = SchedulingPolicy(priority_levels=2, default_priority_level=2)
 
@@ -303,3 +311,49 @@ def test_under_overload_a_higher_level_holds_while_a_lower_one_is_refused(tmp_pa
     assert 1.5 * ranked["high"].p99_ms < plain["high"].p99_ms, figures
     assert 2 * ranked["high"].p50_ms < plain["high"].p50_ms, figures
     assert ranked["high"].p50_ms < ranked["low"].p50_ms, figures
+
+
+@pytest.mark.slow  # a real server, both faces
+def test_a_queued_request_of_a_client_that_left_never_runs_on_either_face(
+    tmp_path: Path,
+) -> None:
+    """Through the real faces: a request whose HTTP client resets its connection, and one whose
+    gRPC call is cancelled, while they wait for their batch (a queue delay of a second, on a
+    model with levels), never run; the request that stayed is answered, alone in its run."""
+    write_model(tmp_path, "ranked", 1, max_batch_size=8)
+    path = tmp_path / "ranked" / CONFIG_FILENAME
+    config = dataclasses.replace(
+        load_model_config(path.read_text()), max_queue_delay_us=1_000_000, scheduling=TWO_LEVELS
+    )
+    path.write_text(config.to_pbtxt())
+    grpc_port = free_port()
+    env = {"GELU_INLINE_MAX_US": "0", "GELU_GRPC_PORT": str(grpc_port)}
+    row = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}
+    body = json.dumps({"inputs": [row], "parameters": {"priority": 1}}).encode()
+    post = (f"POST /v2/models/ranked/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    with running(tmp_path, **env) as (port, _):
+        stays = socket.create_connection(("127.0.0.1", port), timeout=10)
+        leaves = socket.create_connection(("127.0.0.1", port), timeout=10)
+        stays.sendall(post)
+        leaves.sendall(post)
+        request = pb.ModelInferRequest(model_name="ranked")
+        request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+        request.raw_input_contents.append(np.full((1, 64), 0.5, "<f4").tobytes())
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(request)
+            time.sleep(0.3)  # all three wait for the batch's second
+            leaves.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            leaves.close()  # a reset, as a client that gave up
+            call.cancel()
+            answer = stays.recv(65536)
+        stays.close()
+        stats = wait_until(lambda: ran(port), timeout=10, what="the batch ran")
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert (stats["inference_count"], stats["execution_count"]) == (1, 1)
+
+
+def ran(port: int) -> dict | None:
+    """The model's statistics once a batch has run."""
+    stats = json.loads(get(port, "/v2/models/ranked/stats")[1])["model_stats"][0]
+    return stats if stats["execution_count"] else None
