@@ -222,6 +222,90 @@ class VersionPolicy:
 
 
 SERVE_ALL = VersionPolicy("all")
+REJECT, DELAY = "REJECT", "DELAY"  # Triton's ModelQueuePolicy.TimeoutAction
+DELAY_ACTION = triton.ModelQueuePolicy.TimeoutAction.Value(DELAY)
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ``ModelQueuePolicy``: what one priority level's queue does with its requests.
+
+    A request may wait ``default_timeout_us`` (0: without end) before it runs; then
+    ``timeout_action`` REJECT fails it ("Request timeout expired") and DELAY lets it wait on,
+    behind the level's requests whose timeout has not passed. With ``allow_timeout_override``
+    a request's own ``timeout`` shortens it, never lengthens it (Triton's rule: with no
+    default timeout, a request's own is then ignored). A level holding ``max_queue_size``
+    requests (0: no bound) refuses the next at once."""
+
+    timeout_action: str = REJECT
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+    def timeout_us(self, requested: int | None) -> int:
+        """A request's timeout in this queue (0: none), given its ``timeout`` parameter, as
+        Triton's ``PolicyQueue::Enqueue`` decides it."""
+        timeout = self.default_timeout_us
+        if self.allow_timeout_override and requested and requested < timeout:
+            return requested
+        return timeout
+
+    def to_json(self) -> dict[str, Any]:
+        """As Triton's model configuration JSON has it."""
+        return {
+            "timeout_action": self.timeout_action,
+            "default_timeout_microseconds": self.default_timeout_us,
+            "allow_timeout_override": self.allow_timeout_override,
+            "max_queue_size": self.max_queue_size,
+        }
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """``dynamic_batching``'s priority levels and queue policies, with Triton's names.
+
+    ``priority_levels`` queues (0: one), 1 the highest; a batch takes the highest level's
+    requests first, each level's in arrival order. A request's ``priority`` parameter names
+    its level; 0, or one above ``priority_levels``, is ``default_priority_level`` (Triton's
+    ``InferenceRequest::SetPriority``). Each level's queue follows its entry of
+    ``priority_queue_policy``, else ``default_queue_policy``; where config.pbtxt writes
+    neither (None), the server's: a request's own ``timeout``, else GELU_DEFAULT_TIMEOUT_US,
+    with REJECT and no bound of the level's own."""
+
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policy: tuple[tuple[int, QueuePolicy], ...] = ()  # by level, ascending
+
+    @property
+    def levels(self) -> int:
+        """How many queues: ``priority_levels``, at least one."""
+        return max(self.priority_levels, 1)
+
+    def level(self, priority: int) -> int:
+        """The level (1 to ``levels``) of a request of ``priority``."""
+        if 0 < priority <= self.priority_levels:
+            return priority
+        return self.default_priority_level if self.priority_levels else 1
+
+    def policy(self, level: int) -> QueuePolicy | None:
+        """The queue policy of ``level``; None: the server's."""
+        if self.priority_levels:
+            for key, policy in self.priority_queue_policy:
+                if key == level:
+                    return policy
+        return self.default_queue_policy
+
+    def to_json(self) -> dict[str, Any]:
+        """Its fields of ``dynamic_batching``, as Triton's model configuration JSON has them
+        (a policy config.pbtxt does not write: Triton's defaults)."""
+        default = self.default_queue_policy or QueuePolicy()
+        return {
+            "priority_levels": self.priority_levels,
+            "default_priority_level": self.default_priority_level,
+            "default_queue_policy": default.to_json(),
+            "priority_queue_policy": {str(k): p.to_json() for k, p in self.priority_queue_policy},
+        }
 
 
 @dataclass(frozen=True)
@@ -257,6 +341,8 @@ class ModelConfig:
     steps: tuple[EnsembleStep, ...] = ()  # platform "ensemble": its ensemble_scheduling
     # optimization { cuda { graphs: true graph_spec [...] } }: a CUDA graph per batch size
     cuda_graphs: tuple[int, ...] = ()
+    # dynamic_batching's priority levels and queue policies; None where it writes none
+    scheduling: SchedulingPolicy | None = None
 
     def to_message(self) -> triton.ModelConfig:
         """This config as Triton's ``ModelConfig`` message (``unhonoured`` fields are not
@@ -283,6 +369,8 @@ class ModelConfig:
         if self.dynamic_batching:
             message.dynamic_batching.SetInParent()
             message.dynamic_batching.max_queue_delay_microseconds = self.max_queue_delay_us or 0
+            if self.scheduling is not None:
+                _write_scheduling(self.scheduling, message.dynamic_batching)
         if self.cuda_graphs:
             message.optimization.cuda.graphs = True
             for size in self.cuda_graphs:
@@ -353,6 +441,23 @@ def derive_model_config(
 
 def _data_type(datatype: str) -> int:
     return triton.DataType.Value(V2_TO_TRITON[datatype])
+
+
+def _write_scheduling(scheduling: SchedulingPolicy, batching: triton.ModelDynamicBatching) -> None:
+    batching.priority_levels = scheduling.priority_levels
+    batching.default_priority_level = scheduling.default_priority_level
+    if scheduling.default_queue_policy is not None:
+        _write_queue_policy(scheduling.default_queue_policy, batching.default_queue_policy)
+    for level, policy in scheduling.priority_queue_policy:
+        _write_queue_policy(policy, batching.priority_queue_policy[level])
+
+
+def _write_queue_policy(policy: QueuePolicy, message: triton.ModelQueuePolicy) -> None:
+    message.SetInParent()
+    message.timeout_action = triton.ModelQueuePolicy.TimeoutAction.Value(policy.timeout_action)
+    message.default_timeout_microseconds = policy.default_timeout_us
+    message.allow_timeout_override = policy.allow_timeout_override
+    message.max_queue_size = policy.max_queue_size
 
 
 # ---- the view, from the message ------------------------------------------------------------
@@ -459,6 +564,73 @@ def _cuda_graphs(message: triton.ModelConfig) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
+def _queue_policy(policy: triton.ModelQueuePolicy, what: str) -> QueuePolicy:
+    action = triton.ModelQueuePolicy.TimeoutAction.DESCRIPTOR.values_by_number.get(
+        policy.timeout_action
+    )
+    if action is None:  # proto3 keeps a number its enum does not name
+        raise _Invalid(
+            "dynamic_batching",
+            f"{what}: timeout_action {policy.timeout_action} is not REJECT or DELAY",
+        )
+    return QueuePolicy(
+        action.name,
+        policy.default_timeout_microseconds,
+        policy.allow_timeout_override,
+        policy.max_queue_size,
+    )
+
+
+def _scheduling(message: triton.ModelConfig, name: str) -> SchedulingPolicy | None:
+    """``dynamic_batching``'s priority levels and queue policies, checked as Triton's
+    ``ValidateModelConfig`` checks them, in its words; None when it writes none of them."""
+    batching = message.dynamic_batching
+    fields = _present(batching) & SCHEDULING_FIELDS
+    if not message.HasField("dynamic_batching") or not fields:
+        return None
+    levels = batching.priority_levels
+    if levels:
+        if not 1 <= batching.default_priority_level <= levels:
+            raise _Invalid(
+                "dynamic_batching",
+                f"default priority level must be in range [1, {levels}] for {name}",
+            )
+        for level in batching.priority_queue_policy:
+            if not 1 <= level <= levels:
+                raise _Invalid(
+                    "dynamic_batching",
+                    "priority queue policy must have priority level in range "
+                    f"[1, {levels}] for {name}",
+                )
+    if batching.preserve_ordering:
+        if levels > 1:
+            raise _Invalid(
+                "dynamic_batching",
+                f"Only one priority level is allowed when 'preserve_ordering' is true for {name}",
+            )
+        policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+        for policy in policies:
+            if policy.default_timeout_microseconds and policy.timeout_action == DELAY_ACTION:
+                raise _Invalid(
+                    "dynamic_batching",
+                    "Queue policy can not have DELAY as timeout action when "
+                    f"'preserve_ordering' is true for {name}",
+                )
+    default = None
+    if batching.HasField("default_queue_policy"):
+        default = _queue_policy(batching.default_queue_policy, "default_queue_policy")
+    if not levels:  # one queue: Triton reads default_queue_policy alone
+        return None if default is None else SchedulingPolicy(default_queue_policy=default)
+    by_level = tuple(
+        (
+            level,
+            _queue_policy(batching.priority_queue_policy[level], f"priority_queue_policy {level}"),
+        )
+        for level in sorted(batching.priority_queue_policy)
+    )
+    return SchedulingPolicy(levels, batching.default_priority_level, default, by_level)
+
+
 def _present(message: Message) -> set[str]:
     return {field.name for field, _ in message.ListFields()}
 
@@ -467,6 +639,10 @@ def _unhonoured(message: triton.ModelConfig) -> tuple[str, ...]:
     """The fields present that the service does not act on; ``optimization`` counts as
     honoured when it holds only ``cuda``'s graphs."""
     left = _present(message) - INTERPRETED
+    batching = message.dynamic_batching
+    if batching.priority_queue_policy and not batching.priority_levels:
+        # As Triton: with one level, only default_queue_policy is read.
+        left.add("dynamic_batching.priority_queue_policy (priority_levels is 0)")
     optimization = message.optimization
     if _present(optimization) <= {"cuda"} and _present(optimization.cuda) <= {
         "graphs",
@@ -494,6 +670,10 @@ def _version_policy(message: triton.ModelConfig) -> VersionPolicy:
     raise _Invalid("version_policy", "version_policy must hold one of latest, all, specific")
 
 
+# dynamic_batching's fields of the scheduling policy (``SchedulingPolicy``).
+SCHEDULING_FIELDS = frozenset(
+    {"priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy"}
+)
 # The fields load_model_config interprets; any other present is reported in ``unhonoured``.
 INTERPRETED = frozenset(
     {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
@@ -526,6 +706,7 @@ def _view(message: triton.ModelConfig, directory_name: str | None) -> ModelConfi
         response_cache=message.response_cache.enable,
         steps=_steps(message),
         cuda_graphs=_cuda_graphs(message),
+        scheduling=_scheduling(message, name),
     )
 
 

@@ -11,6 +11,15 @@ request taken into a batch is answered or failed on every path (``try``/``finall
 run of several fails, each of its requests runs again alone, so one bad request fails alone and
 no request waits forever (issue 62, item 2, "batch poisoning").
 
+A model whose config.pbtxt gives Triton's scheduling policy (``dynamic_batching``'s
+``priority_levels`` and queue policies, ``contract.model_config.SchedulingPolicy``) queues in
+``Levels``: a queue per priority level, batches taken highest level first and each level in
+arrival order, a level's ``max_queue_size`` refusing at once, and a request past its timeout
+refused (REJECT) or put behind its level's requests still in time (DELAY). Without one, the
+queue is one plain deque, and the path is as it was. Either way a request leaves the queue the
+moment its client goes or its deadline passes (``Batcher._withdraw``), and one that has started
+to run is never cut short. See docs/scheduling.md.
+
 ``Scheduler`` is the one run path of a model version, built for every version, batching on or
 off: the core asks its ``run`` once per request and gets an answer or an error; it picks the
 batcher, or a run of the request alone on the event loop or on a thread, as below, and its
@@ -47,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -55,8 +64,9 @@ from typing import Any, NamedTuple
 import anyio.to_thread
 import numpy as np
 
+from contract.model_config import SchedulingPolicy
 from service.alarm import Alarm
-from service.errors import OverloadedError
+from service.errors import DeadlineExceededError, OverloadedError, ServiceError
 from service.metrics import Metrics
 from service.runtime import Model
 from service.statistics import ModelStatistics
@@ -75,34 +85,54 @@ PATIENCE = 8
 QUIET_MS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
+# Where a request's timeout came from, as its error says.
+SERVER_TIMEOUT = "the request's 'timeout' parameter, else GELU_DEFAULT_TIMEOUT_US"
+POLICY_TIMEOUT = "its priority level's queue policy in config.pbtxt"
+CLIENT_TIMEOUT = "its gRPC deadline"
+
+
 class Deadline:
     """When a request must have started running: ``timeout_us`` after ``began_ns``
-    (``time.perf_counter_ns``), as Triton's queue policy ``timeout``."""
+    (``time.perf_counter_ns``), as Triton's queue policy ``timeout``. Past it, the request is
+    refused ("Request timeout expired", Triton's words), or under Triton's DELAY action
+    (``delay``) only no longer eligible to time out: it waits on behind its level's requests
+    still in time. ``source`` says where the timeout came from."""
 
-    __slots__ = ("at_ns", "timeout_us")
+    __slots__ = ("at_ns", "delay", "source", "timeout_us")
 
-    def __init__(self, began_ns: int, timeout_us: int) -> None:
+    def __init__(
+        self, began_ns: int, timeout_us: int, delay: bool = False, source: str = SERVER_TIMEOUT
+    ) -> None:
         self.timeout_us = timeout_us
         self.at_ns = began_ns + timeout_us * 1000
+        self.delay = delay
+        self.source = source
 
     def seconds_left(self) -> float:
         """Seconds until the deadline (negative once passed)."""
         return (self.at_ns - time.perf_counter_ns()) / 1e9
 
+    def passed(self) -> bool:
+        """Whether the deadline has passed."""
+        return time.perf_counter_ns() > self.at_ns
+
     def check(self) -> None:
-        """``OverloadedError`` once the deadline has passed."""
-        if time.perf_counter_ns() > self.at_ns:
+        """Raise ``error()`` once the deadline has passed, unless the request is delayed
+        rather than refused."""
+        if not self.delay and time.perf_counter_ns() > self.at_ns:
             raise self.error()
 
-    def error(self) -> OverloadedError:
-        """What a request whose deadline passed in a queue is answered."""
-        return OverloadedError(
-            f"request timeout expired: not started within {self.timeout_us} µs (the request's "
-            "'timeout' parameter, else GELU_DEFAULT_TIMEOUT_US); the model is overloaded"
-        )
+    def error(self) -> ServiceError:
+        """What a request whose deadline passed in a queue is answered: 503 (gRPC's
+        UNAVAILABLE), as Triton answers it; where it was its client's own deadline, gRPC's
+        DEADLINE_EXCEEDED."""
+        message = f"Request timeout expired: not started within {self.timeout_us} µs"
+        if self.source == CLIENT_TIMEOUT:
+            return DeadlineExceededError(f"{message} ({self.source})")
+        return OverloadedError(f"{message} ({self.source}); the model is overloaded")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # eq=False: found in a queue by identity (``remove``)
 class _Request:
     inputs: dict[str, np.ndarray]
     size: int
@@ -111,20 +141,107 @@ class _Request:
     deadline: Deadline | None = None
     expiry: asyncio.TimerHandle | None = None  # fails the request when its deadline passes
     trace: RequestTrace | None = None  # a traced request's stages (service.tracing)
+    level: int = 1  # its priority level (``Levels``); 1 without levels
+    delayed: bool = False  # past its timeout under DELAY: in its level's delayed queue
 
 
-def _expire(request: _Request, deadline: Deadline | None, passed_only: bool = False) -> None:
-    """Fail a queued request whose deadline has passed: its timer rang, or it is being taken
-    into a batch first (a timer rings on the loop's schedule). The loop's timers count
-    milliseconds (``service.alarm``) and uvloop's round to the nearest, so a timer that rang
-    before the deadline is set again for what is left: no request fails before its time."""
-    if deadline is None or request.future.done():
-        return
-    left = deadline.seconds_left()
-    if left < 0:
-        request.future.set_exception(deadline.error())
-    elif not passed_only:
-        request.expiry = asyncio.get_running_loop().call_later(left, _expire, request, deadline)
+class Levels:
+    """Triton's priority queue (``scheduler_utils.cc``'s ``PriorityQueue``), for a model whose
+    config.pbtxt gives a scheduling policy: a queue per priority level, 1 the highest, each
+    with its queue policy (``contract.model_config.QueuePolicy``). Requests are taken highest
+    level first, each level's in arrival order, then its delayed ones (past their timeout
+    under DELAY, Triton's ``delayed_queue_``). A level holding its ``max_queue_size`` refuses
+    the next request (``admit``).
+
+    It answers what the batcher asks of its plain ``deque`` (truth, ``[0]``, ``popleft``,
+    ``append``, ``appendleft``, ``extendleft``, ``remove``), so a model without a policy keeps
+    the deque's C speed and the batcher one code path."""
+
+    __slots__ = ("_count", "_delayed", "_limits", "_queues")
+
+    def __init__(self, scheduling: SchedulingPolicy) -> None:
+        levels = range(scheduling.levels + 1)  # index 0 unused: levels count from 1
+        self._queues: list[deque[_Request]] = [deque() for _ in levels]
+        self._delayed: list[deque[_Request]] = [deque() for _ in levels]
+        self._limits = [0] * len(self._queues)
+        for level in levels[1:]:
+            policy = scheduling.policy(level)
+            self._limits[level] = policy.max_queue_size if policy is not None else 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[_Request]:
+        """Every request held, level by level; each deque is copied in one step under the GIL,
+        as the metrics' flushing thread reads them (``Batcher.waiting``)."""
+        held: list[_Request] = []
+        for queue, delayed in zip(self._queues, self._delayed, strict=True):
+            held += tuple(queue)
+            held += tuple(delayed)
+        return iter(held)
+
+    def held(self, level: int) -> int:
+        """Requests waiting at ``level``, delayed ones included (Triton's ``Size``)."""
+        return len(self._queues[level]) + len(self._delayed[level])
+
+    def admit(self, level: int, request_id: str | None) -> None:
+        """Pass, or ``OverloadedError`` in Triton's words if ``level``'s queue is full."""
+        limit = self._limits[level]
+        if limit and self.held(level) >= limit:
+            raise OverloadedError(
+                f"[request id: {request_id or '<id_unknown>'}] Exceeds maximum queue size: "
+                f"priority level {level} holds {limit} requests, its max_queue_size "
+                "(config.pbtxt); try again shortly"
+            )
+
+    def _first(self) -> deque[_Request]:
+        for queue, delayed in zip(self._queues, self._delayed, strict=True):
+            if queue:
+                return queue
+            if delayed:
+                return delayed
+        raise IndexError("no request is queued")
+
+    def __getitem__(self, index: int) -> _Request:
+        if index != 0:
+            raise IndexError("only the first request is looked at")
+        return self._first()[0]
+
+    def popleft(self) -> _Request:
+        """The next request: the highest level's first."""
+        request = self._first().popleft()
+        self._count -= 1
+        return request
+
+    def _own(self, request: _Request) -> deque[_Request]:
+        return (self._delayed if request.delayed else self._queues)[request.level]
+
+    def append(self, request: _Request) -> None:
+        """``request`` last of its level."""
+        self._own(request).append(request)
+        self._count += 1
+
+    def appendleft(self, request: _Request) -> None:
+        """``request`` first of its level (of its delayed ones, if delayed)."""
+        self._own(request).appendleft(request)
+        self._count += 1
+
+    def extendleft(self, requests: Iterable[_Request]) -> None:
+        """Each of ``requests`` first of its level, in turn (the last given ends first)."""
+        for request in requests:
+            self.appendleft(request)
+
+    def remove(self, request: _Request) -> None:
+        """``request`` out of its queue; ``ValueError`` if it is not there."""
+        self._own(request).remove(request)
+        self._count -= 1
+
+    def delay(self, request: _Request) -> None:
+        """``request``, taken past its timeout under DELAY, last of its level's delayed ones:
+        it no longer times out."""
+        request.delayed, request.deadline = True, None
+        self.append(request)
 
 
 def _asked(results: Outputs, outputs: list[str] | None) -> Outputs:
@@ -235,10 +352,12 @@ class Scheduler:
         max_batch_size: int = 0,
         max_queue_delay_us: int = 0,
         instances: int = 1,
+        scheduling: SchedulingPolicy | None = None,
     ) -> None:
         """``inline_batch``: the largest batch run on the event loop (0: always on a thread);
         ``max_batch_size`` 0 for a version that does not batch. A batcher's inline batches stay
-        within the inline bound; a larger request runs on a thread."""
+        within the inline bound; a larger request runs on a thread. ``scheduling``: the
+        batcher's priority levels and queue policies (``Levels``), None for one plain queue."""
         self.model = model
         self.runs = runs
         self.inline_batch = inline_batch
@@ -246,8 +365,9 @@ class Scheduler:
         if max_batch_size:
             size = min(max_batch_size, inline_batch) if inline_batch else max_batch_size
             self._batcher = Batcher(
-                model, size, max_queue_delay_us, metrics, runs, inline_batch > 0, instances
-            )
+                model, size, max_queue_delay_us, metrics, runs, inline_batch > 0, instances,
+                scheduling,
+            )  # fmt: skip
 
     @property
     def batching(self) -> Batching | None:
@@ -286,9 +406,12 @@ class Scheduler:
         outputs: list[str] | None = None,
         deadline: Deadline | None = None,
         trace: RequestTrace | None = None,
+        level: int = 1,
+        request_id: str | None = None,
     ) -> Awaitable[Outputs]:
         """One checked request of ``size`` samples, answered with the outputs it asks for
-        (None: all), or its error; never left waiting.
+        (None: all), or its error; never left waiting. ``level`` is its priority level (1
+        without levels); ``request_id`` its V2 ``id``, which a refusal names as Triton's do.
 
         The batcher takes it when the version batches and the batcher runs where this request
         belongs (on the event loop up to ``inline_batch`` samples, else on a thread) and is not
@@ -299,7 +422,7 @@ class Scheduler:
         batcher = self._batcher
         inline = size <= self.inline_batch
         if batcher is not None and not batcher.bypass and inline is batcher.inline:
-            return batcher.infer(inputs, outputs, deadline, trace)
+            return batcher.infer(inputs, outputs, deadline, trace, level, request_id)
         return self._alone(inputs, size, inline, outputs, deadline, trace)
 
     async def _alone(
@@ -336,6 +459,7 @@ class Batcher:
         runs: Runs,
         inline: bool = False,
         instances: int = 1,
+        scheduling: SchedulingPolicy | None = None,
     ) -> None:
         self.model = model
         self.runs = runs
@@ -344,7 +468,9 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_us / 1e6
         self.inline = inline
-        self._pending: deque[_Request] = deque()
+        # Its queue: one plain deque, or with a scheduling policy, a queue per priority level.
+        self._levels = Levels(scheduling) if scheduling is not None else None
+        self._pending: deque[_Request] | Levels = deque() if self._levels is None else self._levels
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
@@ -414,12 +540,19 @@ class Batcher:
         outputs: list[str] | None = None,
         deadline: Deadline | None = None,
         trace: RequestTrace | None = None,
+        level: int = 1,
+        request_id: str | None = None,
     ) -> Outputs:
         """Queue one request and wait for its share of a batch's outputs; a request still
-        queued at its ``deadline`` fails with ``OverloadedError`` instead of running late."""
+        queued at its ``deadline`` fails with ``OverloadedError`` instead of running late (or,
+        delayed, waits on: ``Deadline.delay``). With priority levels it waits at ``level``,
+        refused at once when that level's queue is full (``Levels.admit``). A request whose
+        client leaves (its task cancelled) leaves the queue at once, and never runs."""
         loop = self._loop
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
+        if self._levels is not None:
+            self._levels.admit(level, request_id)
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
             looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
@@ -430,11 +563,15 @@ class Batcher:
                 self._looking = False
             if company:
                 request = _Request(inputs, size, loop.create_future(), arrived, deadline)
-                request.trace = trace
-                self._pending.appendleft(request)  # first, as it came first
+                request.trace, request.level = trace, level
+                self._pending.appendleft(request)  # first of its level, as it came first
                 self._queued += size
                 self._run_inline()
-                results = await request.future
+                try:
+                    results = await request.future
+                except asyncio.CancelledError:  # the client left; with levels, maybe still queued
+                    self._withdraw(request)
+                    raise
             else:  # in a quiet, or none came: a batch of this request alone
                 results = self._run_alone(inputs, size, arrived, looks, trace)
             return _asked(results, outputs)
@@ -442,15 +579,14 @@ class Batcher:
             results = await self._run_alone_on_thread(inputs, size, deadline, trace)
             return _asked(results, outputs)
         future: asyncio.Future[Outputs] = loop.create_future()
-        request = _Request(inputs, size, future, deadline=deadline, trace=trace)
+        request = _Request(inputs, size, future, deadline=deadline, trace=trace, level=level)
         self._pending.append(request)
         self._queued += size
         if not self.inline:
             # Inline, a request waits while its batch gathers (_company); on threads, behind
-            # batches, for as long as its deadline allows.
-            if deadline is not None:
-                left = deadline.seconds_left()
-                request.expiry = loop.call_later(left, _expire, request, deadline)
+            # batches, for as long as its deadline allows (a delayed one, for as long as it takes).
+            if deadline is not None and not deadline.delay:
+                request.expiry = loop.call_later(deadline.seconds_left(), self._expire, request)
             self._wakeup.set()
         elif self._queued >= self.max_batch_size:
             self._run_inline()  # full: run now, in this request's turn
@@ -459,8 +595,42 @@ class Batcher:
                 self._run_inline()
             else:
                 await self._lead()
-        results = await future
+        try:
+            results = await future
+        except asyncio.CancelledError:  # the client left: out of the queue, if still there
+            self._withdraw(request)
+            raise
         return _asked(results, outputs)
+
+    def _withdraw(self, request: _Request) -> None:
+        """A queued request whose client left, or whose deadline passed, out of the queue at
+        once (not when a batch would have reached it): it no longer holds a place that
+        ``max_queue_size`` counts, nor samples that a batch gathers for. Taken meanwhile, it
+        is already out (and dropped from its batch, its future being done)."""
+        if request.expiry is not None:
+            request.expiry.cancel()
+            request.expiry = None
+        try:
+            self._pending.remove(request)
+        except ValueError:
+            return
+        self._queued -= request.size
+
+    def _expire(self, request: _Request) -> None:
+        """A queued request's timer rang: past its deadline, it fails and leaves the queue.
+        The loop's timers count milliseconds (``service.alarm``) and uvloop's round to the
+        nearest, so a timer that rang before the deadline is set again for what is left: no
+        request fails before its time."""
+        deadline = request.deadline
+        if deadline is None or request.future.done():
+            return
+        left = deadline.seconds_left()
+        if left >= 0:
+            assert self._loop is not None
+            request.expiry = self._loop.call_later(left, self._expire, request)
+            return
+        self._withdraw(request)
+        request.future.set_exception(deadline.error())
 
     # ---- inline --------------------------------------------------------------------------------
 
@@ -701,9 +871,17 @@ class Batcher:
                 break
             pending.popleft()
             self._queued -= request.size
-            if request.expiry is not None:
-                request.expiry.cancel()
-            _expire(request, request.deadline, passed_only=True)  # inline ones have no timer
+            deadline = request.deadline
+            if deadline is not None:
+                if request.expiry is not None:  # a timer rings on the loop's schedule
+                    request.expiry.cancel()
+                if deadline.passed() and not request.future.done():  # inline ones have no timer
+                    if deadline.delay:  # Triton's DELAY: behind its level's requests in time
+                        assert self._levels is not None  # only a queue policy delays
+                        self._levels.delay(request)
+                        self._queued += request.size
+                        continue
+                    request.future.set_exception(deadline.error())
             if request.future.done():  # the client went away, or its deadline passed
                 continue
             batch.append(request)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -197,9 +197,8 @@ def encode_v1(result: InferenceResult) -> bytes:
 
 
 # Request parameters that would change what a request means, which this server cannot honour:
-# refused rather than silently ignored (Triton's priority levels and sequence batcher).
+# refused rather than silently ignored (Triton's sequence batcher).
 UNSUPPORTED_PARAMETERS = {
-    "priority": "priority levels",
     "sequence_id": "stateful sequences",
     "sequence_start": "stateful sequences",
     "sequence_end": "stateful sequences",
@@ -332,18 +331,33 @@ def output_bytes(array: np.ndarray) -> bytes:
     return array.tobytes()
 
 
-def request_options(parameters: dict[str, Any]) -> tuple[bool, int | None]:
-    """A V2 request's own parameters: binary_data_output, and Triton's ``timeout`` (µs);
-    refuses those that would change its meaning and are not supported."""
+class RequestOptions(NamedTuple):
+    """A V2 request's own parameters."""
+
+    binary_data_output: bool = False
+    timeout_us: int | None = None  # Triton's ``timeout``, in µs
+    priority: int = 0  # Triton's ``priority``: 0 the model's default level, 1 the highest
+
+
+NO_OPTIONS = RequestOptions()
+
+
+def request_options(parameters: dict[str, Any]) -> RequestOptions:
+    """A V2 request's own parameters: binary_data_output, and Triton's schedule policy
+    (``timeout``, µs, and ``priority``); refuses those that would change its meaning and are
+    not supported."""
     if not parameters:
-        return False, None
+        return NO_OPTIONS
     for key, feature in UNSUPPORTED_PARAMETERS.items():
         if key in parameters:
             raise BadInputError(
                 f"request parameter {key!r} is not supported: this server has no {feature}"
             )
-    binary = _bool_parameter(parameters, "binary_data_output", "request")
-    return binary, _int_parameter(parameters, "timeout", "request", 0)
+    return RequestOptions(
+        _bool_parameter(parameters, "binary_data_output", "request"),
+        _int_parameter(parameters, "timeout", "request", 0),
+        _int_parameter(parameters, "priority", "request", 0) or 0,
+    )
 
 
 def requested_output(name: str, parameters: dict[str, Any]) -> RequestOutput:
@@ -378,7 +392,7 @@ def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadInputError("'id' must be a string")
-    binary_default, timeout_us = request_options(_parameters(payload, "request"))
+    options = request_options(_parameters(payload, "request"))
 
     inputs: list[RequestInput] = []
     offset = 0
@@ -396,7 +410,10 @@ def decode_v2(body: bytes, header_length: str | None) -> InferenceRequest:
         if not isinstance(requested, list):
             raise BadInputError("'outputs' must be a list of objects")
         outputs = [_v2_output(entry) for entry in requested]
-    return InferenceRequest(inputs, outputs, binary_default, request_id, timeout_us)
+    return InferenceRequest(
+        inputs, outputs, options.binary_data_output, request_id, options.timeout_us,
+        priority=options.priority,
+    )  # fmt: skip
 
 
 def bytes_tensor(array: np.ndarray) -> bytes:

@@ -24,10 +24,11 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
+from contract.model_config import DELAY, QueuePolicy, SchedulingPolicy
 from service import __version__, ensemble
 from service.activations import Activations
 from service.auth import Restrictions
-from service.batching import Deadline
+from service.batching import CLIENT_TIMEOUT, POLICY_TIMEOUT, Deadline
 from service.cache import ResponseCache
 from service.errors import (
     ModelLoadError,
@@ -66,6 +67,7 @@ EXTENSIONS = [
     "logging",
     "model_configuration",
     "model_repository",
+    "schedule_policy",
     "statistics",
     "trace",
 ]
@@ -298,7 +300,7 @@ class DataPlane:
                 "(GELU_MAX_QUEUE_SIZE); try again shortly"
             )
         statistics, began, ok = served.runs.statistics, time.perf_counter_ns(), False
-        deadline = self._deadline(request, began)
+        level, deadline = self._schedule(request, began, served.model.config.scheduling)
         served.in_flight += 1  # a version retired meanwhile finishes this request first
         served.last_used = began  # on_demand unloads the least recently used
         try:
@@ -320,14 +322,14 @@ class DataPlane:
             if hit is not None:
                 results = hit
             elif model.config.steps:  # an ensemble: each step is a request of its own
-                results, ran = await ensemble.run(
-                    model.config, inputs, self.infer, request.timeout_us
-                )
+                results, ran = await ensemble.run(model.config, inputs, self.infer, request)
                 # A step that moved meanwhile: this answer is not the keyed versions'.
                 if cache is not None and (ran != owners[1:] or self._answerers(served) != owners):
                     cache = None
             else:  # the version's one run path: batched, alone, inline or on a thread
-                results = await served.scheduler.run(inputs, batch, names, deadline, request.trace)
+                results = await served.scheduler.run(
+                    inputs, batch, names, deadline, request.trace, level, request.id
+                )
             if cache is not None and hit is None and not served.retired:
                 self._keep(cache, key, owners, results, statistics)
             ok = True
@@ -359,13 +361,38 @@ class DataPlane:
             answerer=served.model,
         )
 
-    def _deadline(self, request: InferenceRequest, began: int) -> Deadline | None:
-        """When a request that arrived at ``began`` must have started running (None: never):
-        its 'timeout' parameter, else GELU_DEFAULT_TIMEOUT_US."""
-        timeout_us = request.timeout_us
-        if timeout_us is None:
-            timeout_us = self.settings.default_timeout_us
-        return Deadline(began, timeout_us) if timeout_us else None
+    def _schedule(
+        self, request: InferenceRequest, began: int, scheduling: SchedulingPolicy | None
+    ) -> tuple[int, Deadline | None]:
+        """A request's priority level and deadline under its model's ``scheduling`` policy
+        (config.pbtxt's; None: the server's, one queue)."""
+        if scheduling is None:
+            return 1, self._deadline(request, began)
+        level = scheduling.level(request.priority)
+        return level, self._deadline(request, began, scheduling.policy(level))
+
+    def _deadline(
+        self, request: InferenceRequest, began: int, policy: QueuePolicy | None = None
+    ) -> Deadline | None:
+        """When a request that arrived at ``began`` must have started running (None: never).
+        Under the server's policy (``policy`` None), its 'timeout' parameter, else
+        GELU_DEFAULT_TIMEOUT_US; under a queue policy of config.pbtxt, the policy's timeout
+        (which the request's may shorten, where the policy allows it) and its timeout action.
+        A client's own deadline (gRPC's) that comes sooner is the deadline: past it nobody
+        waits for the answer, so the request is refused whatever the action."""
+        if policy is None:
+            timeout_us = request.timeout_us
+            if timeout_us is None:
+                timeout_us = self.settings.default_timeout_us
+            deadline = Deadline(began, timeout_us) if timeout_us else None
+        else:
+            timeout_us = policy.timeout_us(request.timeout_us)
+            delay = policy.timeout_action == DELAY
+            deadline = Deadline(began, timeout_us, delay, POLICY_TIMEOUT) if timeout_us else None
+        client = request.client_deadline_ns
+        if client is not None and (deadline is None or client < deadline.at_ns):
+            return Deadline(began, max(client - began, 0) // 1000, False, CLIENT_TIMEOUT)
+        return deadline
 
     def _answerers(self, served: Served) -> tuple[Model, ...]:
         """The loaded versions whose answer a request of ``served`` is: its own model's, and

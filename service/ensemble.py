@@ -83,13 +83,14 @@ def check_steps(config: ModelConfig, root: Path, read: Callable[[Path], ModelCon
 
 
 async def run(
-    config: ModelConfig, inputs: dict[str, np.ndarray], infer: Infer, timeout_us: int | None
+    config: ModelConfig, inputs: dict[str, np.ndarray], infer: Infer, given: InferenceRequest
 ) -> tuple[dict[str, np.ndarray], tuple[Any, ...]]:
     """The ensemble's outputs for ``inputs`` (checked against its config), and the loaded
     version (``InferenceResult.answerer``) each step ran on: each step run in turn through
     ``infer`` (the core's, so each is checked, batched and counted as a request of its own),
-    with the request's timeout. The response cache keys an ensemble's answer by its steps'
-    versions (issue 62, item 8)."""
+    with the ``given`` request's timeout, priority and client deadline, as Triton's ensemble
+    passes them on. The response cache keys an ensemble's answer by its steps' versions
+    (issue 62, item 8)."""
     tensors = dict(inputs)
     answerers = []
     for step in config.steps:
@@ -99,7 +100,9 @@ async def run(
                 for key, value in step.input_map
             ],
             outputs=[RequestOutput(key) for key, _ in step.output_map],
-            timeout_us=timeout_us,
+            timeout_us=given.timeout_us,
+            priority=given.priority,
+            client_deadline_ns=given.client_deadline_ns,
         )
         version = str(step.model_version) if step.model_version > 0 else None
         result = await infer(step.model_name, version, request)

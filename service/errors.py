@@ -96,6 +96,14 @@ class OverloadedError(NotReadyError):
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
+class DeadlineExceededError(ServiceError):
+    """A request still waiting to run when its client's own deadline (a gRPC call's) passed:
+    nobody waits for its answer any more. gRPC's DEADLINE_EXCEEDED (504 where it is counted
+    as HTTP)."""
+
+    status_code = 504
+
+
 class StartupError(RuntimeError):
     """The service cannot start as configured (bad repository, provider refused)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.model_config import SchedulingPolicy
 from service.settings import PROVIDER_NAMES
 
 # The per-request types are plain slotted dataclasses: frozen ones cost more to build, on every
@@ -48,7 +49,10 @@ class RequestOutput:
 @dataclass(slots=True)
 class InferenceRequest:
     """A decoded request: ``outputs`` None means every output, as ``binary_outputs`` says;
-    ``timeout_us`` is how long it may wait in a queue (Triton's ``timeout`` parameter)."""
+    ``timeout_us`` is how long it may wait in a queue and ``priority`` its priority level
+    (Triton's ``timeout`` and ``priority`` parameters, its schedule policy extension);
+    ``client_deadline_ns`` when its client stops waiting for the answer (a gRPC deadline, as
+    ``time.perf_counter_ns``)."""
 
     inputs: list[RequestInput]
     outputs: list[RequestOutput] | None = None
@@ -56,6 +60,8 @@ class InferenceRequest:
     id: str | None = None
     timeout_us: int | None = None
     trace: Any = None  # a traced request's ``service.tracing.RequestTrace``; None untraced
+    priority: int = 0  # 0: the model's default level
+    client_deadline_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class ModelInfo:
     # An ensemble's steps as Triton's model configuration JSON has them ([] for a model).
     ensemble_steps: list[dict[str, Any]] = field(default_factory=list)
     cuda_graphs: tuple[int, ...] = ()  # optimization.cuda.graphs' batch sizes, when asked
+    scheduling: SchedulingPolicy | None = None  # dynamic_batching's priority levels and queues
 
     def configuration(self) -> dict[str, Any]:
         """This version's config.pbtxt as Triton's model configuration JSON."""
@@ -112,6 +119,8 @@ class ModelInfo:
         }  # fmt: skip
         if self.dynamic_batching:
             batching = {"max_queue_delay_microseconds": self.max_queue_delay_us}
+            if self.scheduling is not None:
+                batching.update(self.scheduling.to_json())
             config["dynamic_batching"] = batching
         if self.ensemble_steps:  # Triton's: no instance of its own, its steps
             config["ensemble_scheduling"] = {"step": self.ensemble_steps}

@@ -217,8 +217,9 @@ class Settings(BaseSettings):
         10_000_000,
         ge=0,
         description="How long a request may wait in a model's queue, in microseconds, unless "
-        "it sets the V2 'timeout' parameter; past it, 503 with Retry-After instead of running "
-        "late (Triton's default_timeout_microseconds); 0: no limit.",
+        "it sets the V2 'timeout' parameter or its model's config.pbtxt gives its priority "
+        "level a queue policy (docs/scheduling.md); past it, 503 with Retry-After instead of "
+        "running late (Triton's default_timeout_microseconds); 0: no limit.",
     )
     drain_seconds: float = Field(
         5.0,

@@ -60,6 +60,10 @@ class _RayContext:
         """The request id comes back as trailing metadata (Ray's proxy adds its own)."""
         self._context.set_trailing_metadata(list(metadata))
 
+    def time_remaining(self) -> float | None:
+        """The call's deadline: Ray's context carries none to the replica."""
+        return None
+
 
 def _grpc_method(name: str, empty: type) -> Callable[..., Awaitable[Any]]:
     """A replica method that Ray's gRPC proxy calls for the protocol's method ``name``."""

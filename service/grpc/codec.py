@@ -52,11 +52,14 @@ def decode_infer(request: pb.ModelInferRequest) -> tuple[InferenceRequest, bool]
             f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs"
         )
     inputs = [_input(tensor, raw[i] if raw else None) for i, tensor in enumerate(request.inputs)]
-    binary, timeout_us = codecs.request_options(parameter_values(request.parameters))
+    options = codecs.request_options(parameter_values(request.parameters))
     outputs = [
         codecs.requested_output(o.name, parameter_values(o.parameters)) for o in request.outputs
     ]
-    decoded = InferenceRequest(inputs, outputs or None, binary, request.id or None, timeout_us)
+    decoded = InferenceRequest(
+        inputs, outputs or None, options.binary_data_output, request.id or None,
+        options.timeout_us, priority=options.priority,
+    )  # fmt: skip
     return decoded, bool(raw)
 
 

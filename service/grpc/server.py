@@ -82,6 +82,7 @@ STATUS_CODES = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 HTTP_STATUSES = {code: status for status, code in reversed(STATUS_CODES.items())}
 
@@ -182,6 +183,17 @@ def _peer(context: Any) -> str | None:
     caller's context has none."""
     peer = getattr(context, "peer", None)
     return str(peer()) if callable(peer) else None
+
+
+def client_deadline(context: Any) -> int | None:
+    """When the call's client stops waiting (``time.perf_counter_ns``): its gRPC deadline, from
+    grpcio's ``time_remaining()``; None without one, or where the caller's context cannot say
+    (Ray's proxy)."""
+    remaining = getattr(context, "time_remaining", None)
+    seconds = remaining() if callable(remaining) else None
+    if seconds is None:
+        return None
+    return time.perf_counter_ns() + max(int(seconds * 1e9), 0)
 
 
 def _model_of(request: Any) -> str:
@@ -472,14 +484,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _ModelInfer(self, request: Any, call: Call) -> pb.ModelInferResponse:
         if self.plane.tracing is not None:
             call.trace = self._begin_trace(request, call.metadata)
-        return await self._infer(request, call.trace)
+        return await self._infer(request, call.trace, client_deadline(call.context))
 
     async def _infer(
-        self, request: Any, trace: RequestTrace | None = None
+        self, request: Any, trace: RequestTrace | None = None, deadline_ns: int | None = None
     ) -> pb.ModelInferResponse:
+        """One inference request; ``deadline_ns`` is when its client stops waiting (its call's
+        gRPC deadline), which the core takes as its timeout when it comes sooner."""
         plane, size = self.plane, request.ByteSize()  # large ones decode off the loop
         began = time.perf_counter_ns() if trace else 0
         decoded, raw = await plane.codec(size, codec.decode_infer, request)
+        decoded.client_deadline_ns = deadline_ns
         if trace is not None:
             trace.since("decode", began)
             decoded.trace = trace
@@ -578,7 +593,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         call = Call(stream.service, stream.method, stream.context, stream.metadata)
         if self.plane.tracing is not None:
             call.trace = self._begin_trace(request, stream.metadata, "ModelStreamInfer")
-        infer = self._infer(request, call.trace)
+        infer = self._infer(request, call.trace, client_deadline(stream.context))
         return await self.envelope.answer(call, infer, request.model_name)
 
     # ---- Triton's extensions ---------------------------------------------------------------------

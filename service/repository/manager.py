@@ -555,9 +555,17 @@ class ModelRepository:
         delay = settings.max_queue_delay_us
         if delay is None:
             delay = config.max_queue_delay_us or 0
+        if config.scheduling is not None and not size:
+            logger.warning(
+                "%s/%s: dynamic_batching's priority levels and queue policies are not honoured "
+                "without a batcher (GELU_BATCHING=false, or max_batch_size 0)",
+                model.name,
+                model.version,
+            )
         scheduler = Scheduler(
-            model, runs, self.metrics, inline_batch, size, delay, config.instance_count
-        )
+            model, runs, self.metrics, inline_batch, size, delay, config.instance_count,
+            config.scheduling,
+        )  # fmt: skip
         scheduler.start()
         return Served(model, scheduler, files, runs)
 
@@ -607,6 +615,7 @@ class ModelRepository:
             max_queue_delay_us=config.max_queue_delay_us,
             config_max_batch_size=config.max_batch_size,
             cuda_graphs=config.cuda_graphs,
+            scheduling=config.scheduling,
             ensemble_steps=[
                 {
                     "model_name": step.model_name,

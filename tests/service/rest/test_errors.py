@@ -120,7 +120,7 @@ CASES = [
     (V2, v2_body(parameters={"binary_data_size": "256"}), 400, "binary_data_size"),
     (V2, v2_body(parameters={"binary_data_size": True}), 400, "binary_data_size"),
     (V2, {**v2_body(), "parameters": 5}, 400, "'parameters' must be an object"),
-    (V2, {**v2_body(), "parameters": {"priority": 1}}, 400, "'priority' is not supported"),
+    (V2, {**v2_body(), "parameters": {"priority": -1}}, 400, "'priority' must be an integer"),
     (V2, {**v2_body(), "parameters": {"sequence_id": 7}}, 400, "no stateful sequences"),
     (V2, {**v2_body(), "parameters": {"sequence_start": True}}, 400, "no stateful sequences"),
     (V2, {**v2_body(), "parameters": {"sequence_end": True}}, 400, "no stateful sequences"),

@@ -70,7 +70,7 @@ def test_a_request_past_its_timeout_is_refused_not_run_late(
             )
             late = [r for r in responses if r.status_code == 503]
             assert late, [r.status_code for r in responses]
-            assert_error(late[0], 503, "request timeout expired")
+            assert_error(late[0], 503, "Request timeout expired")
             assert late[0].headers["retry-after"] == "1"
             stats = (await client.get("/v2/models/slow/stats")).json()["model_stats"][0]
             # Refused requests never ran: every sample that ran belongs to a 200.
