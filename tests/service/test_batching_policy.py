@@ -104,12 +104,14 @@ def test_batches_take_the_highest_level_first_each_in_order(model, monkeypatch) 
         rest = [submit(batcher, mark, level) for mark, level in
                 ((2, 2), (3, 2), (4, 1), (5, 1), (6, 2))]  # fmt: skip
         await asyncio.sleep(0.01)
+        waiting = batcher.waiting()  # the pending gauge reads every level's queue
         gate.open.set()
         answers = await asyncio.wait_for(asyncio.gather(first, *rest), 10)
         await batcher.stop()
-        return answers
+        return answers, waiting
 
-    answers = run(scenario())
+    answers, waiting = run(scenario())
+    assert waiting == 5
     assert gate.runs == [[1], [4, 5], [2, 3], [6]]
     assert all(a["logits"].shape == (1, 10) for a in answers)
 
