@@ -1,0 +1,121 @@
+"""bench.run: a few-second smoke run of the whole benchmark: zero errors and a sane report,
+never a speed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # real servers
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
+def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
+    from bench.measure import ATTEMPTS, MAX_STEAL
+    from bench.proc import steal_seconds
+
+    stolen_before = steal_seconds()
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
+         "--rounds", "2", "--repository", str(model_repository), "--out", str(tmp_path),
+         "--activation-values", "10000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The machine's steal over the whole run bounds any point's: a point lasts its second (a
+    # tenth less at worst), so no point saw more cores stolen than the run's stolen seconds.
+    stolen = steal_seconds() - stolen_before
+    # each pass drove batching on and off of a protocol one right after the other, in turn first
+    driven = [line.split(" c=")[0].strip() for line in result.stdout.splitlines()
+              if "predict, batching" in line]  # fmt: skip
+    passes = driven[: len(driven) // 2], driven[len(driven) // 2 :]
+    for driven_pass, (first, then) in zip(passes, (("on", "off"), ("off", "on")), strict=True):
+        at = driven_pass.index(f"v1 predict, batching {first}")
+        assert driven_pass[at + 1] == f"v1 predict, batching {then}", driven
+        # and batching off's twin right beside it
+        off = driven_pass.index("v1 predict, batching off")
+        assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED
+
+    # batching on over TLS, traced at 1 % and 100 %, and with its response cache hit and
+    # missed: driven beside it, each pass, every answer a success
+    beside_on = {OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS}
+    assert beside_on <= {row["scenario"] for row in report["http"]}
+    assert all(r["errors"] == 0 for r in report["http"] if r["scenario"] in beside_on)
+    # every server is a new process in each pass
+    pids = {row["scenario"]: row["rounds_server_pid"] for row in report["http"]}
+    assert len(set(pids["v1 predict, batching on"])) == 2, pids
+    assert len(set(pids["v1 predict, batching off, a second server"])) == 2, pids
+    assert len(set(pids["http floor"])) == 2, pids  # the floors' and peers' too
+    from bench.proc import cpu_model
+
+    assert f"cores of {cpu_model()}, " in report["environment"]["machine"]
+    scenarios = {row["scenario"] for row in report["http"]}
+    assert {"http floor", "http floor, served as the service serves", "naive app",
+            "v1 predict, batching on", "v2-binary predict, batching on",
+            "v1 predict, batching off", "v2-binary predict, batching off", "grpc floor",
+            "grpc predict, batching on", "grpc predict, batching off",
+            "grpc-stream predict, batching on", "grpc-stream predict, batching off",
+            "v1 predict, batching off, a second server"} <= scenarios  # fmt: skip
+    for row in report["http"]:
+        if row["scenario"].startswith("grpc"):  # its client measured itself: not saturated
+            assert 0 < row["client_cores"] < 1.0, row
+        # the service's points say the mean batch they ran in (of 1-sample requests, at c=4)
+        if "predict, batching off" in row["scenario"]:
+            assert row["mean_batch"] == 1.0, row
+        elif row["scenario"] == CACHE_HIT:  # every answer from the cache: nothing ran
+            assert row["mean_batch"] == 0.0, row
+        elif "predict, batching on" in row["scenario"] or row["scenario"] in beside_on:
+            assert 1.0 <= row["mean_batch"] <= 4.0, row
+        else:
+            assert "mean_batch" not in row, row
+    for row in report["http"] + report["activations"]:
+        assert row["errors"] == 0, row
+        assert row["requests"] > 0 and row["rps"] > 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        # every thread of the one-core servers was pinned and checked; CPU and steal recorded
+        assert row["server_threads"] > 1 and 0 < row["server_cores"] <= 1.05, row
+        assert 0 <= row["steal_cores"] <= stolen / 0.9, (row, stolen)
+        # measured again only while the steal was above the bound, keeping the least stolen
+        assert 1 <= row["attempts"] <= ATTEMPTS, row
+        assert row["attempts"] == ATTEMPTS or row["steal_cores"] <= MAX_STEAL, row
+        # a count of preemptions, per request
+        preempted = row["preempted_per_request"] * row["requests"]
+        assert preempted >= 0 and abs(preempted - round(preempted)) < 1e-6, row
+        # the probe's reading of the host's speed on the server's CPU, beside the point
+        assert set(row["host_ms"]) == {"0"}, row
+        assert 0 < row["host_ms"]["0"] < 100, row
+        # one row per point, from two rounds: the lower of the two (the median of an even count)
+        assert len(row["rounds_rps"]) == 2 and row["rps"] == min(row["rounds_rps"]), row
+    points = [(r["scenario"], r["concurrency"]) for r in report["http"] + report["activations"]]
+    assert len(points) == len(set(points))
+    activations = {(a["scenario"], a["concurrency"]) for a in report["activations"]}
+    assert {("echo floor", 1), ("echo floor, served as the service serves", 4),
+            ("gelu, float32 binary", 4), ("gelu, JSON", 1)} <= activations  # fmt: skip
+    assert report["compute"]["batch64_samples_per_s"] > report["compute"]["batch1_calls_per_s"]
+    assert report["breakdown"]["onnxruntime run, batch of 1"] > 0
+    # the activation kernels timed in process on the rows' values: both ways of the accurate
+    # kernel (compiled, also on copies in turn), the native op and a copy, each a positive
+    # time, and the table that shows them
+    kernels = report["kernels"]
+    assert len(kernels) == 5 and all(ms > 0 for ms in kernels.values()), kernels
+    assert next(iter(kernels)).startswith("accurate, compiled for ")
+    assert "accurate, compiled, on 8 copies of the array in turn (0.32 MB)" in kernels
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    zero = "| zero errors (every round of every point but the peers') | 0 errors | yes |"
+    assert zero in markdown
+    assert "c=4 against the floor served as the service serves" in markdown
+    assert "| v1 at c=4: batching off against a second batching-off server" in markdown
+    assert "c=4 against the echo served as the service serves" in markdown
+    assert "gelu-serve bench" in markdown
+    assert "## Where the time goes" in markdown and "| naive app | " in markdown
+    assert "| mean batch | preempted | steal | probe ms |" in markdown
+    assert "one call on 10,000 values of gelu" in markdown
+    assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
