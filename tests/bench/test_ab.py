@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import compare
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,7 +40,6 @@ def test_two_checkouts_by_one_harness(model_repository: Path, tmp_path: Path) ->
             ("v1 predict, batching off", 1),
         }  # fmt: skip
         assert all(r["errors"] == 0 and len(set(r["rounds_server_pid"])) == 2 for r in rows)
-    from bench import compare
 
     lines = compare.table(tmp_path).splitlines()
     assert len(lines) == 2 + 2 and all(" [" in line for line in lines[2:]), lines

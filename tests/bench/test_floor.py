@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.floor import BODY, create_asgi_app
+from bench.proc import cpu_seconds, process_tree
 from tests.servers import free_port, get, listening, wait_ready, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +23,6 @@ def test_the_floor_served_with_two_workers_spreads_connections_and_stops_on_sigt
     on its own SO_REUSEPORT socket), and SIGTERM to the parent stops them all."""
     import http.client
     from concurrent.futures import ThreadPoolExecutor
-
-    from bench.proc import cpu_seconds, process_tree
 
     port = free_port()
     parent = subprocess.Popen([sys.executable, "-m", "bench.floor", "--http", str(port), "2"],
@@ -72,8 +72,6 @@ def test_the_asgi_floor_answers_the_floors_constant() -> None:
     import asyncio
 
     import httpx
-
-    from bench.floor import BODY, create_asgi_app
 
     async def main() -> httpx.Response:
         transport = httpx.ASGITransport(app=create_asgi_app())

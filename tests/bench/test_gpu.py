@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import gpu
+
 
 def test_the_gpu_section_runs_its_binding_path_on_a_cpu(model_repository: Path) -> None:
     """bench.gpu's I/O-binding runner answers as a plain session does (exercised here on the
     CPU; on CUDA the same code binds device buffers), and without CUDA the section says why."""
-    from bench import gpu
-
     section = gpu.measure(model_repository, ["digits-mlp"], 0.001, ("cpu", "cpu-binding"))
     (model,) = section["models"]
     assert {r["variant"] for r in model["rows"]} == {"CPU", "CPU + I/O binding"}
@@ -21,10 +21,8 @@ def test_the_gpu_section_runs_its_binding_path_on_a_cpu(model_repository: Path) 
 
 
 def test_the_crossover_is_the_first_batch_cuda_answers_more_rows() -> None:
-    from bench.gpu import crossover
-
     cpu, cuda = [(1, 10), (8, 50), (64, 90)], [(1, 2), (8, 60), (64, 9)]
     rows = [{"variant": "CPU", "batch": b, "rows_per_s": r} for b, r in cpu]
     rows += [{"variant": "CUDA", "batch": b, "rows_per_s": r} for b, r in cuda]
-    assert crossover(rows) == 8
-    assert crossover(rows[:3]) is None
+    assert gpu.crossover(rows) == 8
+    assert gpu.crossover(rows[:3]) is None

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from bench import instructions
+from bench.instructions import total
+from bench.measure import sample_inputs
+
 
 @pytest.mark.slow  # half a minute under valgrind
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="`make tools` installs valgrind")
 def test_instructions_are_counted_per_request_in_each_state(model_repository: Path) -> None:
-    from bench import instructions
-    from bench.measure import sample_inputs
-
     counted = instructions.count(model_repository, sample_inputs(64), calls=100)
     assert counted is not None and list(counted) == list(instructions.STATES)
     on, off = counted.values()
@@ -23,8 +24,6 @@ def test_instructions_are_counted_per_request_in_each_state(model_repository: Pa
 
 
 def test_a_callgrind_total_is_its_totals_line() -> None:
-    from bench.instructions import total
-
     # a part written after instrumentation was turned off and on: its summary wrapped below 0
     part = "events: Ir\nsummary: 18446744073709464703\n\nfn=(1) x\n0 23872822\ntotals: 23872822\n"
     assert total(part) == 23872822

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from bench.judge import targets
+from bench.results import (
+    FLOOR_AS_SERVED_ONE,
+    FLOOR_AS_SERVED_TWO,
+    ONE_WORKER,
+    ONE_WORKER_OFF,
+    TWO_WORKERS,
+    TWO_WORKERS_OFF,
+    Results,
+)
+
 
 def test_the_instruction_counts_are_a_row_of_their_own() -> None:
-    from bench.judge import targets
-    from bench.results import Results
-
     results = Results(
         environment={}, http=[{"scenario": "naive app", "concurrency": 1, "errors": 0}]
     )
@@ -20,8 +28,6 @@ def test_a_target_is_the_median_of_its_rounds_ratios() -> None:
     """Batching on against off, compared within each pass: the median of the passes' ratios
     (1.03x, though on's median point, 120, is below off's, 125) with its 95 % interval, met
     only when the whole interval is at the goal or above: on lost one pass of three, so not."""
-    from bench.judge import targets
-    from bench.results import Results
 
     def point(scenario: str, rounds: list[float]) -> dict:
         median = sorted(rounds)[1]
@@ -70,8 +76,6 @@ def test_the_tail_target_is_judged_by_round_as_the_ratios_are() -> None:
     """p99 against the floor's within each pass, the median of those with its interval, met
     when the interval's upper end is at 2x or below: one slow pass's tail, which may be the
     median point's, does not make the median, and keeps the target from being met."""
-    from bench.judge import targets
-    from bench.results import Results
 
     def point(scenario: str, p99s: list[float]) -> dict:
         return {"scenario": scenario, "concurrency": 64, "rps": 100.0, "p99_ms": p99s[1],
@@ -108,16 +112,6 @@ def test_the_tail_target_is_judged_by_round_as_the_ratios_are() -> None:
 def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
     """The 2-worker target divides by the 1-worker twin driven beside it; a run without twins
     (before they were measured) by the main 1-worker row."""
-    from bench.judge import targets
-    from bench.results import (
-        FLOOR_AS_SERVED_ONE,
-        FLOOR_AS_SERVED_TWO,
-        ONE_WORKER,
-        ONE_WORKER_OFF,
-        TWO_WORKERS,
-        TWO_WORKERS_OFF,
-        Results,
-    )
 
     def point(scenario: str, rps: float) -> dict:
         return {"scenario": scenario, "concurrency": 64, "rps": rps, "errors": 0}
@@ -151,8 +145,6 @@ def test_two_workers_are_compared_with_their_one_worker_twin() -> None:
 def test_only_successful_answers_count() -> None:
     """A server answering 503 to half its requests: wrk's count of answers is not its
     throughput, and a target read from its points is not measured (issue 55)."""
-    from bench.judge import targets
-    from bench.results import Results
 
     def point(scenario: str, rps: float, errors: int) -> dict:
         return {"scenario": scenario, "concurrency": 1, "rps": rps, "rounds_rps": [rps] * 3,

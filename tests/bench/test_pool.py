@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.command import main
+from bench.judge import targets
+from bench.pool import pool
+from bench.results import Results
+
 
 def test_runs_pool_their_passes_into_one_judgement(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -16,10 +21,6 @@ def test_runs_pool_their_passes_into_one_judgement(
     pass above 1), and over their six passes reads 1.005x, its interval straddling 1: not
     met. A point one run lacks is left out, and a run written before the probe's readings
     were kept pools beside one with them."""
-    from bench.command import main
-    from bench.judge import targets
-    from bench.pool import pool
-    from bench.results import Results
 
     def point(scenario: str, rounds: list[float], host: list[float] | None = None) -> dict:
         row = {"scenario": scenario, "concurrency": 1, "rps": sorted(rounds)[1], "p99_ms": 1.0,

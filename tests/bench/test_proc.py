@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
+from bench.proc import client_command, cpu_model, preempted_since, preemptions
+
 
 def test_a_client_runs_pinned_as_a_batch_job() -> None:
     """The load generator's command, run: scheduled as SCHED_BATCH, on the CPU it is given."""
-    from bench.proc import client_command
-
     report = "import os; print(os.sched_getscheduler(0), sorted(os.sched_getaffinity(0)))"
     for cpu, cpus in ((0, [0]), (None, sorted(os.sched_getaffinity(0)))):
         command = client_command([sys.executable, "-c", report], cpu)
@@ -22,8 +22,6 @@ def test_a_client_runs_pinned_as_a_batch_job() -> None:
 def test_the_cpu_is_named_with_its_family_and_model() -> None:
     """A hypervisor's masked "AMD EPYC" still tells Zen 3 from Zen 4 by its numbers; this
     machine's own CPU is named the same way."""
-    from bench.proc import cpu_model
-
     masked = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
     assert cpu_model(masked).startswith("AMD EPYC (family 25, model 1)")
     assert cpu_model(masked + "processor\t: 1\nmodel\t\t: 17\n").startswith(
@@ -35,8 +33,6 @@ def test_the_cpu_is_named_with_its_family_and_model() -> None:
 def test_preemptions_count_a_busy_tree_sharing_one_cpu() -> None:
     """Two processes spinning on one CPU take it from each other; an idle one is never
     preempted, so its count stays put."""
-    from bench.proc import preempted_since, preemptions
-
     spin = "import time; t = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
     asleep = "import time; print('asleep', flush=True); time.sleep(5)"
     idle = subprocess.Popen([sys.executable, "-c", asleep], stdout=subprocess.PIPE, text=True)

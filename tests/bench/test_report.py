@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from bench.report import of_floors
+from bench.results import ASGI_FLOOR, HTTP_FLOOR, Results
+
 
 def test_each_row_is_shown_against_both_floors() -> None:
-    from bench.report import of_floors
-    from bench.results import ASGI_FLOOR, HTTP_FLOOR, Results
-
     results = Results(environment={}, http=[
         {"scenario": HTTP_FLOOR, "concurrency": 64, "rps": 8000.0},
         {"scenario": ASGI_FLOOR, "concurrency": 64, "rps": 40000.0},

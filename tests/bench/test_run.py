@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.measure import ATTEMPTS, MAX_STEAL
+from bench.proc import cpu_model, steal_seconds
+from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # real servers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
 def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
-    from bench.measure import ATTEMPTS, MAX_STEAL
-    from bench.proc import steal_seconds
-
     stolen_before = steal_seconds()
     result = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
@@ -42,7 +43,6 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
         off = driven_pass.index("v1 predict, batching off")
         assert "v1 predict, batching off, a second server" in driven_pass[off - 1 : off + 2]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
-    from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED
 
     # batching on over TLS, traced at 1 % and 100 %, and with its response cache hit and
     # missed: driven beside it, each pass, every answer a success
@@ -54,7 +54,6 @@ def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
     assert len(set(pids["v1 predict, batching on"])) == 2, pids
     assert len(set(pids["v1 predict, batching off, a second server"])) == 2, pids
     assert len(set(pids["http floor"])) == 2, pids  # the floors' and peers' too
-    from bench.proc import cpu_model
 
     assert f"cores of {cpu_model()}, " in report["environment"]["machine"]
     scenarios = {row["scenario"] for row in report["http"]}

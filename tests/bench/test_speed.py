@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.speed import HostSpeed, apart
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_point_reads_the_median_chunk_of_each_cpu_and_two_points_how_far_apart() -> None:
-    from bench.speed import HostSpeed, apart
-
     host = HostSpeed([0, 1])
     for at, ms in enumerate([1.0, 2.0, 1.1, 0.9, 5.0]):  # CPU 0; CPU 1 times none
         host.add(0, float(at), ms)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import compare, gpu_summary, pairs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
     """docs/measurements/tracing-off-2026-11-27.md quotes what bench.pairs makes of its runs."""
-    from bench import pairs
-
     folder = ROOT / "runs/tracing-off-2026-11-27"
     page = (ROOT / "docs/measurements/tracing-off-2026-11-27.md").read_text()
     one, two = folder / "sitting-1.txt", folder / "sitting-2.txt"
@@ -24,8 +24,6 @@ def test_the_tracing_off_figures_are_the_committed_pairs() -> None:
 def test_the_sitting_of_2026_11_28_quotes_its_runs() -> None:
     """docs/measurements/sitting-2026-11-28.md quotes what bench.compare makes of its runs:
     each checkout by its own bench, and both by one harness (ab/)."""
-    from bench import compare
-
     folder = ROOT / "runs/sitting-2026-11-28"
     page = (ROOT / "docs/measurements/sitting-2026-11-28.md").read_text()
     assert compare.table(folder) in page
@@ -36,23 +34,19 @@ def test_the_sitting_of_2026_11_28_quotes_its_runs() -> None:
 def test_the_gpu_runs_of_2026_11_28_quote_their_files() -> None:
     """docs/measurements/gpu-2026-11-28.md quotes what bench.gpu_summary makes of its runs on
     the H200."""
-    from bench import gpu_summary as summary
-
     folder = ROOT / "runs/gpu-2026-11-28"
     page = (ROOT / "docs/measurements/gpu-2026-11-28.md").read_text()
     sittings = {"5886f9a (runs 1-3)": (1, 2, 3), "43b2b15 (runs 4-5)": (4, 5)}
-    assert summary.onnxruntime_table(folder) in page
-    assert summary.served_table(folder, sittings) in page
-    assert summary.served(4, folder)["digits-mlp", "cuda-graphs", 1] == 147.36
+    assert gpu_summary.onnxruntime_table(folder) in page
+    assert gpu_summary.served_table(folder, sittings) in page
+    assert gpu_summary.served(4, folder)["digits-mlp", "cuda-graphs", 1] == 147.36
 
 
 def test_the_gpu_figures_quoted_are_the_runs() -> None:
     """docs/serving.md and its measurements page quote the H200 runs' per-run ratios as
     bench.gpu_summary reads them."""
-    from bench import gpu_summary as summary
-
     folder = ROOT / "runs/gpu-2026-11-28"
-    runs = [summary.served(run, folder) for run in range(1, 6)]
+    runs = [gpu_summary.served(run, folder) for run in range(1, 6)]
 
     def span(model: str, mode: str, c: int, digits: int = 2) -> str:
         ratios = [run[model, mode, c] / run[model, "cuda", c] for run in runs]

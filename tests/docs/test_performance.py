@@ -5,6 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.arguments import ROUNDS, SECONDS
+from bench.judge import HOST_MATCH, beside
+from bench.measure import MAX_STEAL
+from bench.pool import pool, report
+from bench.report import README_BLOCK, readme_block
+from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED, load_results
+from bench.speed import PERIOD
 from contract.readme import block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,17 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_readme_targets_are_the_committed_run() -> None:
     """The README's targets block is what docs/benchmarks.json gives, byte for byte."""
-    from bench.report import README_BLOCK, readme_block
-    from bench.results import load_results
-
     expected = readme_block(load_results(ROOT / "docs" / "benchmarks.json"))
     assert block((ROOT / "docs" / "performance.md").read_text(), README_BLOCK) == expected
 
 
 def test_the_pooled_report_is_the_committed_runs(tmp_path: Path) -> None:
     """docs/benchmarks-pooled.md is what `make bench-pool` makes of the runs in runs/."""
-    from bench.pool import report
-
     runs = sorted((ROOT / "runs").glob("*.json"))
     assert len(runs) >= 2, "runs/ keeps the runs the pooled report is made of"
     report(runs, tmp_path)
@@ -33,10 +35,6 @@ def test_the_pooled_report_is_the_committed_runs(tmp_path: Path) -> None:
 def test_the_costs_quoted_are_the_pooled_runs() -> None:
     """performance.md's TLS, tracing and cache ratios, with their intervals, are what
     bench.judge.beside makes of the pooled runs in runs/."""
-    from bench.judge import beside
-    from bench.pool import pool
-    from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED, load_results
-
     runs = pool([load_results(p) for p in sorted((ROOT / "runs").glob("*.json"))])
 
     def shown(name: str, c: int) -> str:
@@ -50,8 +48,6 @@ def test_the_costs_quoted_are_the_pooled_runs() -> None:
 
 def test_the_first_tls_and_tracing_table_is_its_run() -> None:
     """performance.md's table of the first run that priced TLS and tracing is that run's."""
-    from bench.results import OVER_TLS, TRACED
-
     run = json.loads((ROOT / "runs/tls-and-tracing-2026-11-27/benchmarks.json").read_text())
     rps = {(r["scenario"], r["concurrency"]): r["rps"] for r in run["http"]}
     plain = rps[("v1 predict, batching on", 64)]
@@ -63,11 +59,6 @@ def test_the_first_tls_and_tracing_table_is_its_run() -> None:
 
 
 def test_the_readme_states_the_limits_the_bench_sets() -> None:
-    from bench.arguments import ROUNDS, SECONDS
-    from bench.judge import HOST_MATCH
-    from bench.measure import MAX_STEAL
-    from bench.speed import PERIOD
-
     readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     passes = {3: "three", 4: "four", 5: "five", 6: "six"}[ROUNDS]
     assert f"makes {passes} whole passes over every point (`--rounds`), of {SECONDS:g} s" in readme
