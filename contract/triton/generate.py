@@ -7,7 +7,8 @@ tritonclient's copy of them and the gRPC face's, and protobuf's default pool ref
 registered twice.
 The module also carries NVIDIA's licence text (``LICENSE``), so that the notice travels with the
 code wherever the package goes. Nothing else in protoc's output changes;
-``tests/contract/test_model_config.py`` checks that the shipped modules are what this produces.
+``tests/contract/triton/test_generate.py`` checks that the shipped modules are what this
+produces.
 """
 
 from __future__ import annotations

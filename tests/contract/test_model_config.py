@@ -247,14 +247,6 @@ def test_unset_is_read_as_triton_reads_it() -> None:
     assert steps == (EnsembleStep("x", -1, (), ()),)
 
 
-def test_the_generated_modules_match_the_proto() -> None:
-    pytest.importorskip("grpc_tools")
-    from contract.triton.generate import HERE, generate
-
-    for name, text in generate().items():
-        assert (HERE / name).read_text() == text, f"{name} is stale: run `make protos`"
-
-
 def test_tritons_messages_coexist_with_tritonclients_copy() -> None:
     """Both name their messages ``inference.*``: ours live in a private pool, and the bytes of
     one are the other's."""

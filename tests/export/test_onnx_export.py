@@ -21,7 +21,6 @@ from export.onnx_export import (  # noqa: E402
     check_parity,
     export_checkpoint,
 )
-from export.repository import RepositoryError  # noqa: E402
 from models.activations import make_activation  # noqa: E402
 from models.train import file_sha256, load_checkpoint  # noqa: E402
 
@@ -127,37 +126,6 @@ def test_metadata(trained_repository: Path, checkpoints: dict[str, Path]) -> Non
     assert json.loads(meta["input_normalisation"]) == {"divide_by": 16.0}
     assert "val_accuracy" in json.loads(meta["metrics"])
     assert meta["checkpoint_sha256"] == file_sha256(checkpoints["mlp"])
-
-
-@pytest.mark.slow  # training
-def test_existing_version_is_refused_and_nothing_half_written(
-    tmp_path: Path, checkpoints: dict[str, Path]
-) -> None:
-    export_checkpoint(checkpoints["mlp"], tmp_path, "m", version=3)
-    before = sorted(str(p) for p in tmp_path.rglob("*"))
-    with pytest.raises(RepositoryError, match="exists; choose another --version"):
-        export_checkpoint(checkpoints["mlp"], tmp_path, "m", version=3)
-    with pytest.raises(RepositoryError, match="describes a different model"):
-        export_checkpoint(checkpoints["autoencoder"], tmp_path, "m")
-    with pytest.raises(RepositoryError, match="invalid model name"):
-        export_checkpoint(checkpoints["mlp"], tmp_path, "../escape")
-    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
-    assert export_checkpoint(checkpoints["mlp"], tmp_path, "m").parent.name == "4"
-
-
-@pytest.mark.slow  # training
-def test_failed_validation_leaves_nothing(
-    tmp_path: Path, checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import export.onnx_export as onnx_export
-
-    def fail(*args: object) -> float:
-        raise ExportError("parity failed")
-
-    monkeypatch.setattr(onnx_export, "check_parity", fail)
-    with pytest.raises(ExportError):
-        export_checkpoint(checkpoints["mlp"], tmp_path, "m")
-    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # training
