@@ -30,7 +30,7 @@ ADAPTER = K8S / "autoscaling" / "prometheus-adapter"
 KEDA = K8S / "autoscaling" / "keda"
 RULES = ROOT / "deploy" / "prometheus" / "gelu-serve.rules.yml"
 KEDA_SCHEMA = Path(__file__).parent / "schemas" / "keda-scaledobject-v1alpha1.json"
-KUBERNETES_VERSION = "1.33"  # as tests/deploy/test_manifests.py
+KUBERNETES_VERSION = "1.33"  # as tests/deploy/test_k8s.py
 
 # prometheus-adapter's config, as its Go types say (kubernetes-sigs/prometheus-adapter v0.12.0,
 # pkg/config/config.go; read with yaml.UnmarshalStrict, so an unknown field is an error).
