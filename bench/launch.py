@@ -81,13 +81,17 @@ def serve(
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"{command[0]} exited with {process.returncode}")
+            conn = connection(port, tls)
             try:
-                conn = connection(port, tls)
                 conn.request("GET", ready_path)
                 if conn.getresponse().status == 200:
                     break
             except OSError:
                 pass
+            finally:
+                # Left open, it would idle beside every point and, over TLS, hold up the
+                # server's stop until its graceful shutdown gave up on it.
+                conn.close()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{command[0]} not ready")
             time.sleep(0.2)
