@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool bench-ab loadtest protos settings-doc clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
 
 # Installs by job, into $(VENV): serving and training (`make run`), the benchmark, and
 # everything (`make test`: its tests cover every extra; `make install`, for developers). Each is
@@ -120,6 +120,12 @@ settings-doc: $(RUN_ENV)
 	$(BIN)/python -c "from pathlib import Path; from contract.readme import replace_block; \
 	from service.settings import REFERENCE_BLOCK, reference; page = Path('docs/settings.md'); \
 	page.write_text(replace_block(page.read_text(), REFERENCE_BLOCK, reference()))"
+
+# The first hour of revision OLD (default 0cc1e33) against this checkout's HEAD, each from fresh
+# clones, taking turns: `make run` warm and cold, `make test`, `.ci/run` (workbench/timing.py),
+# into runs/workbench-<date>/; WORKBENCH_FLAGS="--steps run-warm" for fewer. About an hour.
+workbench: $(RUN_ENV)
+	$(BIN)/python -m workbench.timing --old $(or $(OLD),0cc1e33) $(WORKBENCH_FLAGS)
 
 # A headless Locust run against a service already running on HOST:PORT (`make run`).
 loadtest: $(BENCH_ENV)
