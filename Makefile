@@ -16,15 +16,18 @@ unexport PYTHONDONTWRITEBYTECODE
 # Installs by job, into $(VENV): serving and training (`make run`), the benchmark, and
 # everything (`make test`: its tests cover every extra; `make install`, for developers). Each is
 # installed once, a stamp per job, and again when pyproject.toml changes. The installer is uv
-# (pinned, bootstrapped with the venv's own pip), given what this machine's pip is configured
-# with (workbench/uv.py): where pip's find-links names a local torch wheel, uv takes it too, and
-# torch==2.13.0 comes from the registry only where no such directory is configured. uv, like
-# the installs before it, leaves byte-compiling to the first import.
+# (pinned), given what this machine's pip is configured with (workbench/uv.py): where pip's
+# find-links names a local torch wheel, uv takes it too, and torch==2.13.0 comes from the
+# registry only where no such directory is configured. uv is put into a venv without pip by
+# python3's own pip (`pip --python`, pip 22.3 or later), else by the venv's. An install tries
+# uv's cache alone first (--offline), then the indexes. Nothing is byte-compiled ahead: Python
+# writes the cache of what is imported, on first import.
 UV_VERSION := 0.13.8
 EXTRAS_run := cpu,train
 EXTRAS_bench := cpu,train,bench,dev
 EXTRAS_all := cpu,train,dev,bench,ray,signing
 UV := $(VENV)/.uv-$(UV_VERSION)
+UV_PIP := $(BIN)/python -m workbench.uv pip install --quiet --python $(BIN)/python
 RUN_ENV := $(VENV)/.installed-run
 BENCH_ENV := $(VENV)/.installed-bench
 ALL_ENV := $(VENV)/.installed-all
@@ -32,12 +35,14 @@ ALL_ENV := $(VENV)/.installed-all
 install: $(ALL_ENV)
 
 $(UV):
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(BIN)/python install --quiet uv==$(UV_VERSION) \
+		|| { $(BIN)/python -m ensurepip --default-pip \
+		&& $(BIN)/python -m pip install --quiet uv==$(UV_VERSION); }
 	touch $@
 
 $(VENV)/.installed-%: pyproject.toml workbench/uv.py | $(UV)
-	$(BIN)/python -m workbench.uv pip install --quiet --python $(BIN)/python -e '.[$(EXTRAS_$*)]'
+	$(UV_PIP) --offline -e '.[$(EXTRAS_$*)]' 2>/dev/null || $(UV_PIP) -e '.[$(EXTRAS_$*)]'
 	touch $@
 
 # wrk (Debian) drives the benchmark and its smoke test in `make test`; valgrind counts the

@@ -103,12 +103,21 @@ def translate(
     return options, variables, unknown
 
 
-def pip_settings(python: str = sys.executable) -> dict[str, str]:
-    """What pip of ``python`` is configured with for ``pip install``."""
-    listed = subprocess.run(
-        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
-    )
-    return effective(parse_config_list(listed.stdout))
+def pip_settings(pythons: Sequence[str] = ()) -> dict[str, str] | None:
+    """What pip is configured with for ``pip install``, asked of the first of ``pythons``
+    that has pip (default: this Python, then the one its venv was made from, whose pip
+    installed uv where the venv has none); None where none has."""
+    base = str(Path(sys.base_prefix) / "bin" / "python3")
+    for python in pythons or dict.fromkeys([sys.executable, base]):
+        try:
+            listed = subprocess.run(
+                [python, "-m", "pip", "config", "list"], capture_output=True, text=True
+            )
+        except OSError:  # no such interpreter
+            continue
+        if listed.returncode == 0:
+            return effective(parse_config_list(listed.stdout))
+    return None
 
 
 def command(argv: Sequence[str], options: Sequence[str]) -> list[str]:
@@ -130,7 +139,10 @@ def uv_binary() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run uv with ``argv``, given what pip is configured with; exits with uv's status."""
     argv = sys.argv[1:] if argv is None else argv
-    options, variables, unknown = translate(pip_settings(), os.environ)
+    settings = pip_settings()
+    if settings is None:
+        print("workbench.uv: no pip here, so no pip configuration to pass on", file=sys.stderr)
+    options, variables, unknown = translate(settings or {}, os.environ)
     if unknown:
         print(f"workbench.uv: pip's {', '.join(unknown)} not passed on to uv", file=sys.stderr)
     uv = uv_binary()

@@ -90,9 +90,11 @@ def test_pip_s_own_report_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
     monkeypatch.setenv("PIP_FIND_LINKS", "/from/variable")
-    settings = pip_settings(sys.executable)
+    settings = pip_settings(["/nonexistent/python", sys.executable])  # the first with pip
+    assert settings is not None
     assert {k: settings[k] for k in ("find-links", "no-index", "constraint")} == {
         "find-links": "/from/variable",
         "no-index": "true",
         "constraint": "/c.txt",
     }
+    assert pip_settings(["/nonexistent/python"]) is None
