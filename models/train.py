@@ -51,6 +51,7 @@ class TrainOptions:
     seed: int = 0
     progress: bool = True
     threads: int = 0  # torch intra-op threads; 0 picks by the size of the network
+    cores: int = 0  # the most threads a pick may give (0: every core this process may use)
     label: str = "train"  # names the model in progress output
 
 
@@ -88,13 +89,14 @@ def evaluate(
     return {"loss": loss.item(), "mse": loss.item()}
 
 
-def pick_threads(requested: int, parameters: int, batch_size: int) -> int:
-    """torch intra-op threads for training: ``requested``, or by the work per step."""
+def pick_threads(requested: int, parameters: int, batch_size: int, cores: int = 0) -> int:
+    """torch intra-op threads for training: ``requested``, or by the work per step, up to
+    ``cores`` (0: every core this process may use)."""
     if requested > 0:
         return requested
     if parameters * batch_size < SINGLE_THREAD_WORK:
         return 1
-    return len(os.sched_getaffinity(0))
+    return cores or len(os.sched_getaffinity(0))
 
 
 def train(
@@ -109,7 +111,7 @@ def train(
     torch.use_deterministic_algorithms(True)
     model = build_model(config)
     parameters = sum(p.numel() for p in model.parameters())
-    threads = pick_threads(options.threads, parameters, options.batch_size)
+    threads = pick_threads(options.threads, parameters, options.batch_size, options.cores)
     torch.set_num_threads(threads)
     if options.progress:
         print(
@@ -226,8 +228,9 @@ def _parse_hidden(text: str | None, arch: str) -> tuple[int, ...]:
         raise ValueError(f"--hidden must be comma-separated integers, got {text!r}") from None
 
 
-def run(args: argparse.Namespace) -> Path:
-    """Train as ``args`` say and write the checkpoint; returns its path."""
+def run(args: argparse.Namespace, cores: int = 0) -> Path:
+    """Train as ``args`` say and write the checkpoint; returns its path. ``cores`` bounds the
+    threads picked for a large network (0: every core), for trainings run side by side."""
     out: Path = args.out
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite or choose another --out")
@@ -256,6 +259,7 @@ def run(args: argparse.Namespace) -> Path:
         seed=args.seed,
         progress=not args.no_progress,
         threads=args.threads,
+        cores=cores,
         label=args.out.stem,
     )
     model, history, metrics = train(config, data, options)
