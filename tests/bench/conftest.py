@@ -1,10 +1,13 @@
-"""The bench's fixtures: a stand-in HTTP server that answers as a test says."""
+"""The bench's fixtures: a stand-in HTTP server that answers as a test says, and a private
+repository for a run of the benchmark."""
 
 from __future__ import annotations
 
 import http.server
+import shutil
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +45,13 @@ def stub_server() -> Iterator[Callable[[Answer], str]]:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def bench_repository(tmp_path: Path, model_repository: Path) -> Path:
+    """A private copy of the test repository: a benchmark run builds the default models it
+    lacks (the ensemble) into the repository it is given, which the session's shared one must
+    never gain."""
+    root = tmp_path / "repository"
+    shutil.copytree(model_repository, root)
+    return root

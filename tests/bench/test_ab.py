@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow  # real servers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
-def test_two_checkouts_by_one_harness(model_repository: Path, tmp_path: Path) -> None:
+def test_two_checkouts_by_one_harness(bench_repository: Path, tmp_path: Path) -> None:
     """bench.ab serves two checkouts (here this one twice) side by side, new servers each pass,
     the two checkouts' points back to back in turn, and writes a run for each that
     bench.compare reads."""
     result = subprocess.run(
         [sys.executable, "-m", "bench.ab", str(ROOT), str(ROOT), "--out", str(tmp_path),
          "--rounds", "2", "--seconds", "1", "--kinds", "v1",
-         "--repository", str(model_repository)],
+         "--repository", str(bench_repository)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

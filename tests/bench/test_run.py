@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow  # real servers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: `make tools` installs it")
-def test_bench_smoke(model_repository: Path, tmp_path: Path) -> None:
+def test_bench_smoke(bench_repository: Path, tmp_path: Path) -> None:
     stolen_before = steal_seconds()
     result = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
-         "--rounds", "2", "--repository", str(model_repository), "--out", str(tmp_path),
+         "--rounds", "2", "--repository", str(bench_repository), "--out", str(tmp_path),
          "--activation-values", "10000"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

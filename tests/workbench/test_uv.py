@@ -90,7 +90,9 @@ def test_pip_s_own_report_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
     monkeypatch.setenv("PIP_FIND_LINKS", "/from/variable")
-    settings = pip_settings(["/nonexistent/python", sys.executable])  # the first with pip
+    # The first with pip: a venv that uv installed has none, the Python it was made from has.
+    base = str(Path(sys.base_prefix) / "bin" / "python3")
+    settings = pip_settings(["/nonexistent/python", sys.executable, base])
     assert settings is not None
     assert {k: settings[k] for k in ("find-links", "no-index", "constraint")} == {
         "find-links": "/from/variable",
