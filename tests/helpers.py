@@ -1,5 +1,6 @@
 """Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
-its own, the settings -> core -> app -> client chain, and waiting in a coroutine."""
+its own, the settings -> core -> app -> client chain (and a core started alone), and waiting
+in a coroutine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import numpy as np
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
+    from service.dataplane import DataPlane
+    from service.inference import InferenceRequest
     from service.runtime import Model
     from service.settings import Settings
 
@@ -42,6 +45,14 @@ def assert_error(response, status: int, needle: str) -> None:
     body = response.json()
     assert list(body) == ["error"], body
     assert needle in body["error"], body["error"]
+
+
+def digits_request(rows: int = 1, timeout_us: int | None = None) -> InferenceRequest:
+    """The first ``rows`` digits for the test models' ``input``, waiting at most ``timeout_us``
+    (the V2 ``timeout`` parameter)."""
+    from service.inference import InferenceRequest, RequestInput
+
+    return InferenceRequest([RequestInput(DIGITS[:rows], "input", "FP32")], timeout_us=timeout_us)
 
 
 def load_model(repository: Path, name: str, version: int | None = None, warmup: int = 1) -> Model:
@@ -93,6 +104,18 @@ def app_client(settings: Settings) -> Iterator[TestClient]:
 
     with TestClient(create_app(settings)) as client:
         yield client
+
+
+async def started(
+    settings_factory: Callable[..., Settings], repository: Path, **overrides: Any
+) -> DataPlane:
+    """The serving core over ``repository``, its settings ``settings_factory``'s with
+    ``overrides``, started; the caller stops it."""
+    from service.dataplane import DataPlane
+
+    core = DataPlane(settings_factory(model_repository=repository, **overrides))
+    await core.start()
+    return core
 
 
 async def until(
