@@ -66,6 +66,12 @@ def load_model(repository: Path, name: str, version: int | None = None, warmup: 
     return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)
 
 
+def predict(client: TestClient, model: str) -> int:
+    """The status of a V1 prediction of one digit by ``model``."""
+    body = {"instances": DIGITS[:1].tolist()}
+    return client.post(f"/v1/models/{model}:predict", json=body).status_code
+
+
 def binary_request(
     x: np.ndarray, outputs: list[dict] | None = None, **extra: Any
 ) -> tuple[bytes, dict[str, str]]:

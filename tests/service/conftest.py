@@ -37,6 +37,14 @@ def client(settings_factory: Callable[..., Settings]) -> Iterator[TestClient]:
 
 
 @pytest.fixture
+def explicit(settings_factory: Callable[..., Settings]) -> Iterator[TestClient]:
+    """A client of an app in explicit control mode, ``digits-mlp`` alone loaded at start."""
+    settings = settings_factory(model_control_mode="explicit", load_models=["digits-mlp"])
+    with app_client(settings) as test_client:
+        yield test_client
+
+
+@pytest.fixture
 def repo(tmp_path: Path, model_repository: Path) -> Path:
     """A private copy of the test repository, free to change."""
     root = tmp_path / "repo"

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from service.control import ModelControl
 from service.errors import BadInputError, ModelLoadError, StartupError
 from service.inference import InferenceRequest, RequestInput
-from tests.helpers import DIGITS, digits_request, started
+from service.rest.app import create_app
+from tests.helpers import DIGITS, assert_error, digits_request, started
 from tests.onnx_models import write_foreign
 
 pytestmark = pytest.mark.anyio
@@ -187,3 +189,19 @@ def test_a_version_reads_each_file_once_and_no_link(repo: Path) -> None:
     (model_dir / "3" / "model.onnx").symlink_to(model_dir / "2" / "model.onnx")
     with pytest.raises(ModelLoadError, match=r"digits-mlp/3: 3/model\.onnx: a symbolic link"):
         read_version(model_dir, 3, None, whole=False)
+
+
+def test_a_foreign_onnx_file_over_http(settings_factory, repo: Path) -> None:
+    """No config.pbtxt, no metadata, no batch axis: listed, described and served."""
+    write_foreign(repo, "fixed", [2, 3], "Relu")
+    with TestClient(create_app(settings_factory(model_repository=repo))) as http:
+        assert "fixed" in {m["name"] for m in http.get("/v1/models").json()["models"]}
+        config = http.get("/v2/models/fixed/config").json()
+        assert config["max_batch_size"] == 0 and config["input"][0]["dims"] == [2, 3]
+        body = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                            "data": [-1, 2, -3, 4, -5, 6]}]}  # fmt: skip
+        response = http.post("/v2/models/fixed/infer", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [0, 2, 0, 4, 0, 6]
+        body["inputs"][0]["shape"] = [3, 2]
+        assert_error(http.post("/v2/models/fixed/infer", json=body), 400, "no batch axis")
