@@ -66,6 +66,17 @@ def load_model(repository: Path, name: str, version: int | None = None, warmup: 
     return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)
 
 
+# One row of the test models' input, as a JSON list.
+ROW = [0.5] * 64
+
+
+def v2_body(**changes: Any) -> dict[str, Any]:
+    """A V2 JSON body of one ``ROW`` for the test models' ``input``, ``changes`` made to its
+    entry."""
+    entry = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW, **changes}
+    return {"inputs": [entry]}
+
+
 def predict(client: TestClient, model: str) -> int:
     """The status of a V1 prediction of one digit by ``model``."""
     body = {"instances": DIGITS[:1].tolist()}

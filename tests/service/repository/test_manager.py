@@ -19,10 +19,12 @@ from service.dataplane import DataPlane
 from service.errors import LoadFailedError, NotFoundError, StartupError
 from service.repository import manager
 from service.runtime import Model
-from tests.helpers import digits_request, started, until
+from tests.helpers import ROW, assert_error, digits_request, started, until, v2_body
 from tests.onnx_models import write_model
 
 pytestmark = pytest.mark.anyio
+V1 = "/v1/models/digits-mlp:predict"
+V2 = "/v2/models/digits-mlp/infer"
 # What a load may raise besides the repository's own refusal: a parser's, the disk's, a
 # recursion limit's, onnxruntime's allocator's.
 FOREIGN = [ValueError("invalid literal"), OSError(5, "Input/output error"),
@@ -343,3 +345,17 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
         assert batches is not None and batches.instances == 2
     finally:
         await core.stop()
+
+
+def test_request_batch_limit_from_settings(settings_factory) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+
+    with TestClient(create_app(settings_factory(max_request_batch=4))) as limited:
+        assert limited.get("/v1/models/digits-mlp").json()["max_batch_size"] == 4
+        ok = limited.post(V1, json={"instances": [ROW] * 4})
+        assert ok.status_code == 200
+        assert_error(limited.post(V1, json={"instances": [ROW] * 5}), 413, "maximum of 4")
+        assert_error(limited.post(V2, json=v2_body(shape=[5, 64], data=ROW * 5)), 413,
+                     "maximum of 4")  # fmt: skip

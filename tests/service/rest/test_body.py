@@ -12,6 +12,9 @@ import pytest
 
 from service.errors import BadInputError, PayloadTooLargeError
 from service.rest.body import INLINE_DECODE_BYTES, BodyLimits, decompress
+from tests.helpers import assert_error
+
+V1 = "/v1/models/digits-mlp:predict"
 
 # 64 KiB of gzip that inflates to 64 MiB: small enough to have been inflated on the loop whole.
 BOMB = gzip.compress(bytes(64 << 20), 9)
@@ -98,3 +101,16 @@ def test_a_small_gzip_body_is_decoded_and_described() -> None:
     assert time.perf_counter() - began < 5
     assert (b"content-length", b"14") in scope["headers"]
     assert all(key != b"content-encoding" for key, _ in scope["headers"])
+
+
+def test_body_above_the_limit_is_413(client) -> None:
+    big = b'{"instances": [' + b"0.5," * 300_000 + b"0.5]]}"
+    assert_error(client.post(V1, content=big), 413, "above the maximum of 1048576")
+
+
+def test_streamed_body_above_the_limit_is_413(client) -> None:
+    def chunks():  # no Content-Length: the limit applies as the body arrives
+        for _ in range(40):
+            yield b" " * 50_000
+
+    assert_error(client.post(V1, content=chunks()), 413, "above the maximum")
