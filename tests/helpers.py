@@ -111,6 +111,18 @@ def service_settings(repository: Path, **overrides: Any) -> Settings:
     return Settings(**{**defaults, **overrides})
 
 
+def start_app(repository: Path) -> None:
+    """The app over ``repository`` with the default settings, its lifespan run: started, then
+    stopped; a refusal to start raises (``StartupError``)."""
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(model_repository=repository))):
+        pass
+
+
 @contextmanager
 def app_client(settings: Settings) -> Iterator[TestClient]:
     """A TestClient over the real app built from ``settings``, its lifespan run (models

@@ -1,7 +1,7 @@
 """One harness for every test that starts a server: ``gelu-serve serve`` in a process of its
 own (``running``, ``probed``, ``serving``, ``grpc_server``), one that must refuse to start
-(``refusal``), a host on a thread of the test's process (``on_thread``); free ports, the probes
-(``get``, ``post``) and waiting (``wait_until``, ``wait_ready``)."""
+(``refusal``, ``refusal_alone``), a host on a thread of the test's process (``on_thread``);
+free ports, the probes (``get``, ``post``) and waiting (``wait_until``, ``wait_ready``)."""
 
 from __future__ import annotations
 
@@ -140,6 +140,15 @@ def refusal(
         serve_command(port, *args), cwd=ROOT, env={**given, **env},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def refusal_alone(**env: str) -> subprocess.CompletedProcess[str]:
+    """``refusal`` in an environment of ``env`` alone, no variable of the test's own process:
+    PATH, and PYTHONPATH with the checkout first, then what this interpreter was given (a GPU
+    host's packages)."""
+    given = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join([str(ROOT), given] if given else [str(ROOT)])
+    return refusal(env, environ={"PATH": os.environ["PATH"], "PYTHONPATH": path})
 
 
 def running(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import SUBCOMMANDS
+from tests.servers import refusal_alone
 
 ROOT = Path(__file__).resolve().parents[1]
 # One option each subcommand's --help must list: its own, not argparse's.
@@ -124,3 +125,12 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, checkpoints: dict[str, 
         assert exported.result().returncode == 0
     _one_error_line(gelu_serve(*export), "exists")
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_bad_setting_names_the_variable(tmp_path: Path) -> None:
+    result = refusal_alone(GELU_PROVIDERS="bogus", GELU_WARMUP_RUNS="-1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "GELU_PROVIDERS=bogus: unknown execution provider(s) ['bogus']" in lines[0]
+    assert "GELU_WARMUP_RUNS=-1" in lines[0]
