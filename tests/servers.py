@@ -1,11 +1,13 @@
 """One harness for every test that starts a server: ``gelu-serve serve`` in a process of its
 own (``running``, ``probed``, ``serving``, ``grpc_server``), one that must refuse to start
 (``refusal``, ``refusal_alone``), a host on a thread of the test's process (``on_thread``);
-free ports, the probes (``get``, ``post``) and waiting (``wait_until``, ``wait_ready``)."""
+free ports, the probes (``get``, ``post``; raw HTTP over a socket of ``connect``) and waiting
+(``wait_until``, ``wait_ready``)."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -80,6 +82,39 @@ def _request(
         return response.status, response.read()
     finally:
         connection.close()
+
+
+def connect(port: int) -> socket.socket:
+    """A raw TCP connection to loopback ``port``, for requests written byte by byte."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_and_error(answer: bytes) -> tuple[int, str]:
+    """The status of a raw HTTP answer, and its error body's message."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def request_bytes(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: str = "",
+    content_type: str = "application/json",
+) -> bytes:
+    """An HTTP/1.1 request, as raw bytes, with ``headers`` (whole lines) after the length."""
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n{headers}\r\n"
+    ).encode() + body
 
 
 def listening(pid: int, port: int) -> int:

@@ -179,3 +179,22 @@ def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
     metrics = client.get("/metrics").text
     assert "made-up" not in metrics
     assert 'endpoint="/v2/repository/models/{name}/load",model=""' in metrics
+
+
+def test_client_strings_never_become_metric_labels(client) -> None:
+    """Distinct unknown names, paths and methods add no label sets once each route and status
+    has been seen: /metrics stays the same size, however many of them arrive."""
+
+    def hostile(start: int, count: int) -> int:
+        for i in range(start, start + count):
+            client.post(f"/v1/models/m{i}:predict", json={"instances": [[0.0]]})
+            client.get(f"/v2/models/m{i}/ready")
+            client.delete(f"/v2/models/m{i}/infer")
+            client.post(f"/v1/activations/a{i}", json={"data": [1.0]})
+            client.post(f"/v1/activations/gelu?derivative=x{i}", json={"data": [1.0]})
+            client.get(f"/nowhere/{i}")
+        return len(client.get("/metrics").text)
+
+    seen = hostile(0, 20)
+    # 1,200 more requests with new strings: only counts and sums change (a few digits).
+    assert hostile(20, 200) - seen < 2_000
