@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/dev
 python3 -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())" | tee "$out/ort.txt"
 if [[ " $steps " == *" tests "* ]]; then
   timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/service/test_cuda.py \
-      tests/service/test_runtime.py tests/service/test_binding.py 2>&1 | tail -30 | tee "$out/cuda-tests.txt"
+      tests/service/test_onnxrt.py tests/service/test_binding.py 2>&1 | tail -30 | tee "$out/cuda-tests.txt"
 fi
 if [[ " $steps " == *" gpu "* ]]; then
   timeout 150 python3 -m bench.gpu --seconds 0.2 --out "$out/gpu.json" 2>&1 | tail -5

@@ -1,5 +1,6 @@
 """Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
-its own, the settings -> core -> app -> client chain, and waiting in a coroutine."""
+its own, the settings -> core -> app -> client chain (and a core started alone), and waiting
+in a coroutine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import numpy as np
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
+    from service.dataplane import DataPlane
+    from service.inference import InferenceRequest
     from service.runtime import Model
     from service.settings import Settings
 
@@ -44,6 +47,14 @@ def assert_error(response, status: int, needle: str) -> None:
     assert needle in body["error"], body["error"]
 
 
+def digits_request(rows: int = 1, timeout_us: int | None = None) -> InferenceRequest:
+    """The first ``rows`` digits for the test models' ``input``, waiting at most ``timeout_us``
+    (the V2 ``timeout`` parameter)."""
+    from service.inference import InferenceRequest, RequestInput
+
+    return InferenceRequest([RequestInput(DIGITS[:rows], "input", "FP32")], timeout_us=timeout_us)
+
+
 def load_model(repository: Path, name: str, version: int | None = None, warmup: int = 1) -> Model:
     """One version of a repository's model (default: the highest), loaded on the CPU."""
     from service.onnxrt import OnnxRuntime, SessionFactory, session_options
@@ -53,6 +64,23 @@ def load_model(repository: Path, name: str, version: int | None = None, warmup: 
     model_dir = repository / name
     chosen = version or max(version_dirs(model_dir))
     return load_version(model_dir, chosen, read_config(model_dir), OnnxRuntime(sessions), warmup)
+
+
+# One row of the test models' input, as a JSON list.
+ROW = [0.5] * 64
+
+
+def v2_body(**changes: Any) -> dict[str, Any]:
+    """A V2 JSON body of one ``ROW`` for the test models' ``input``, ``changes`` made to its
+    entry."""
+    entry = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW, **changes}
+    return {"inputs": [entry]}
+
+
+def predict(client: TestClient, model: str) -> int:
+    """The status of a V1 prediction of one digit by ``model``."""
+    body = {"instances": DIGITS[:1].tolist()}
+    return client.post(f"/v1/models/{model}:predict", json=body).status_code
 
 
 def binary_request(
@@ -83,6 +111,18 @@ def service_settings(repository: Path, **overrides: Any) -> Settings:
     return Settings(**{**defaults, **overrides})
 
 
+def start_app(repository: Path) -> None:
+    """The app over ``repository`` with the default settings, its lifespan run: started, then
+    stopped; a refusal to start raises (``StartupError``)."""
+    from fastapi.testclient import TestClient
+
+    from service.rest.app import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(model_repository=repository))):
+        pass
+
+
 @contextmanager
 def app_client(settings: Settings) -> Iterator[TestClient]:
     """A TestClient over the real app built from ``settings``, its lifespan run (models
@@ -93,6 +133,18 @@ def app_client(settings: Settings) -> Iterator[TestClient]:
 
     with TestClient(create_app(settings)) as client:
         yield client
+
+
+async def started(
+    settings_factory: Callable[..., Settings], repository: Path, **overrides: Any
+) -> DataPlane:
+    """The serving core over ``repository``, its settings ``settings_factory``'s with
+    ``overrides``, started; the caller stops it."""
+    from service.dataplane import DataPlane
+
+    core = DataPlane(settings_factory(model_repository=repository, **overrides))
+    await core.start()
+    return core
 
 
 async def until(

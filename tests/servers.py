@@ -1,11 +1,13 @@
 """One harness for every test that starts a server: ``gelu-serve serve`` in a process of its
 own (``running``, ``probed``, ``serving``, ``grpc_server``), one that must refuse to start
-(``refusal``), a host on a thread of the test's process (``on_thread``); free ports, the probes
-(``get``, ``post``) and waiting (``wait_until``, ``wait_ready``)."""
+(``refusal``, ``refusal_alone``), a host on a thread of the test's process (``on_thread``);
+free ports, the probes (``get``, ``post``; raw HTTP over a socket of ``connect``) and waiting
+(``wait_until``, ``wait_ready``)."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -82,6 +84,39 @@ def _request(
         connection.close()
 
 
+def connect(port: int) -> socket.socket:
+    """A raw TCP connection to loopback ``port``, for requests written byte by byte."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_and_error(answer: bytes) -> tuple[int, str]:
+    """The status of a raw HTTP answer, and its error body's message."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def request_bytes(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: str = "",
+    content_type: str = "application/json",
+) -> bytes:
+    """An HTTP/1.1 request, as raw bytes, with ``headers`` (whole lines) after the length."""
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n{headers}\r\n"
+    ).encode() + body
+
+
 def listening(pid: int, port: int) -> int:
     """How many of ``pid``'s children listen on ``port`` (each worker of a server with its own
     SO_REUSEPORT socket, say)."""
@@ -140,6 +175,15 @@ def refusal(
         serve_command(port, *args), cwd=ROOT, env={**given, **env},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def refusal_alone(**env: str) -> subprocess.CompletedProcess[str]:
+    """``refusal`` in an environment of ``env`` alone, no variable of the test's own process:
+    PATH, and PYTHONPATH with the checkout first, then what this interpreter was given (a GPU
+    host's packages)."""
+    given = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join([str(ROOT), given] if given else [str(ROOT)])
+    return refusal(env, environ={"PATH": os.environ["PATH"], "PYTHONPATH": path})
 
 
 def running(

@@ -1,6 +1,7 @@
 """The house's rules, read from the code's own imports: no import cycles, no face importing
 another face, the service free of models/ and torch, no private server internals or the C
-API through ctypes in the service, and no test importing another test module or a conftest."""
+API through ctypes in the service, and no test importing another test module or a conftest;
+and from the tests' names: each test module named after the module it tests."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_the_service_needs_neither_torch_nor_models() -> None:
         assert not any(m == "torch" or m.startswith(("torch.", "models")) for m in imported), path
 
 
-# The one module allowed a private import, pinned and guarded (test_protocol_pin.py).
+# The one module allowed a private import, pinned and guarded (rest/test_protocol.py).
 PRIVATE_HOOK = ROOT / "service" / "rest" / "protocol.py"
 
 
@@ -134,8 +135,66 @@ def test_no_test_imports_another_test_module_or_a_conftest() -> None:
 
 
 def test_the_rule_knows_a_test_module() -> None:
-    assert _is_test_module("tests.service.rest.test_limits")
-    assert _is_test_module("tests.service.rest.test_limits.running")  # from ... import running
+    assert _is_test_module("tests.service.rest.test_protocol")
+    assert _is_test_module("tests.service.rest.test_protocol.reset")  # from ... import reset
     assert _is_test_module("tests.conftest") and _is_test_module("tests.service.conftest")
     assert not _is_test_module("tests.servers") and not _is_test_module("tests.helpers.DIGITS")
     assert not _is_test_module("service.rest.limits")
+
+
+# Test modules named after the modules they test (Starlette's tests/ mirrors starlette/):
+# tests/A/B/test_X.py tests A/B/X.py, tests/test_X.py tests X.py; a module's tests split by
+# topic name it first (test_batching_policy.py: batching.py's priority levels). Held to it:
+# these folders and files (tests/contract/, models/, export/ and bench/ can join as their tests
+# are named).
+MIRRORED_FOLDERS = ("tests/service",)
+MIRRORED_FILES = ("tests/test_cli.py",)
+# Suites of no one module in those folders, each with its reason. The suites across the whole
+# house (tests/security/, test_e2e.py, test_lifecycle.py) sit outside them.
+ACROSS_MODULES = {
+    "tests/service/rest/test_fuzz.py": "schemathesis over every operation of the OpenAPI "
+    "document against a real server: every route, codec and error path at once",
+}
+
+
+def _tested_module(test: Path) -> Path:
+    """The source module a test module is named after: ``tests/A/test_X.py`` -> ``A/X.py``,
+    or, for ``tests/A/test_X_TOPIC.py``, ``A/X.py`` where that exists and ``A/X_TOPIC.py``
+    does not."""
+    relative = test.relative_to(ROOT / "tests")
+    name = relative.name.removeprefix("test_").removesuffix(".py")
+    parts = name.split("_")
+    for end in range(len(parts), 0, -1):
+        module = ROOT / relative.parent / ("_".join(parts[:end]) + ".py")
+        if module.is_file():
+            return module
+    return ROOT / relative.parent / f"{name}.py"
+
+
+def test_test_modules_are_named_after_the_modules_they_test() -> None:
+    held = [p for folder in MIRRORED_FOLDERS for p in (ROOT / folder).rglob("test_*.py")]
+    held += [ROOT / name for name in MIRRORED_FILES]
+    unnamed = [
+        f"{test.relative_to(ROOT)}: no {_tested_module(test).relative_to(ROOT)}"
+        for test in sorted(held)
+        if not _tested_module(test).is_file() and str(test.relative_to(ROOT)) not in ACROSS_MODULES
+    ]
+    assert not unnamed, unnamed
+    for name in ACROSS_MODULES:  # the allow-list names suites that exist and need it
+        assert (ROOT / name).is_file(), f"{name} is gone: take it off ACROSS_MODULES"
+        assert not _tested_module(ROOT / name).is_file(), f"{name} is named after its module"
+
+
+def test_the_rule_knows_the_module_a_test_module_is_named_after() -> None:
+    assert _tested_module(ROOT / "tests/service/rest/test_v2.py") == ROOT / "service/rest/v2.py"
+    policy = ROOT / "tests/service/test_batching_policy.py"
+    assert _tested_module(policy) == ROOT / "service/batching.py"
+    assert _tested_module(ROOT / "tests/service/test_trace_settings.py") == (
+        ROOT / "service/trace_settings.py"
+    )
+    assert not _tested_module(ROOT / "tests/service/test_nothing_here.py").is_file()
+    assert _tested_module(ROOT / "tests/service/test_errors.py") == ROOT / "service/errors.py"
+    assert _tested_module(ROOT / "tests/test_cli.py") == ROOT / "cli.py"
+    # a package has no module of its name: its tests are in its folder
+    assert not _tested_module(ROOT / "tests/service/test_repository.py").is_file()
+    assert not _tested_module(ROOT / "tests/service/rest/test_errors.py").is_file()

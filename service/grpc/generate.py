@@ -6,7 +6,7 @@ tritonclient's and kserve's own copies of the protocol register the same ``infer
 a process importing both fails with "duplicate symbol". The generated module is therefore given
 a private pool (``POOL``, by ``contract.triton.generate.private_modules``, as Triton's model
 config is), which the server's reflection service also reads; nothing else in the generated
-code changes. ``tests/service/grpc/test_protocol.py`` checks that the shipped modules
+code changes. ``tests/service/grpc/test_generate.py`` checks that the shipped modules
 are what this produces.
 """
 

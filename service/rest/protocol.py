@@ -60,7 +60,7 @@ from service.rest.connection import (
 from service.rest.middleware import CLIENT_GONE
 
 # The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
-# tested against (pyproject.toml pins it; tests/service/rest/test_protocol_pin.py checks both).
+# tested against (pyproject.toml pins it; tests/service/rest/test_protocol.py checks both).
 TESTED_UVICORN = "0.54.0"
 
 

@@ -1,5 +1,6 @@
 """The service's fixtures: settings over the test repository, a client of the real app with
-its lifespan run, and a private copy of the repository to change."""
+its lifespan run (and one in explicit control mode), a private copy of the repository to
+change, and a model slow enough to build a queue behind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.helpers import app_client, service_settings
+from tests.onnx_models import write_model
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -37,8 +39,24 @@ def client(settings_factory: Callable[..., Settings]) -> Iterator[TestClient]:
 
 
 @pytest.fixture
+def explicit(settings_factory: Callable[..., Settings]) -> Iterator[TestClient]:
+    """A client of an app in explicit control mode, ``digits-mlp`` alone loaded at start."""
+    settings = settings_factory(model_control_mode="explicit", load_models=["digits-mlp"])
+    with app_client(settings) as test_client:
+        yield test_client
+
+
+@pytest.fixture
 def repo(tmp_path: Path, model_repository: Path) -> Path:
     """A private copy of the test repository, free to change."""
     root = tmp_path / "repo"
     shutil.copytree(model_repository, root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A classifier wide enough (a millisecond or so a run of 8) to build a queue behind it."""
+    root = tmp_path_factory.mktemp("slow-repository")
+    write_model(root, "slow", 1, hidden=1024, max_batch_size=8)
     return root

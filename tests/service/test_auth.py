@@ -18,7 +18,7 @@ from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.rest.app import create_app
 from service.settings import SettingsError, load_settings
-from tests.helpers import DIGITS, assert_error
+from tests.helpers import DIGITS, assert_error, predict
 from tests.servers import free_port, probed
 
 PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
@@ -177,3 +177,19 @@ def test_every_class_restricted_on_both_faces(model_repository: Path) -> None:
             answer = check(health_pb2.HealthCheckRequest(), timeout=10,
                            metadata=(("x-api-key", KEYS["health"]),))  # fmt: skip
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_repository_api_can_be_restricted(settings_factory) -> None:
+    settings = settings_factory(
+        model_control_mode="explicit", load_models=["*"], control_token="s3cret-0123456789"
+    )
+    with TestClient(create_app(settings)) as restricted:
+        for path in ("/v2/repository/index", "/v2/repository/models/digits-mlp/unload"):
+            assert_error(restricted.post(path), 401, "GELU_CONTROL_TOKEN")
+            wrong = {"Authorization": "Bearer guess"}
+            assert_error(restricted.post(path, headers=wrong), 401, "restricted")
+        right = {"Authorization": "Bearer s3cret-0123456789"}
+        assert restricted.post("/v2/repository/index", headers=right).status_code == 200
+        assert predict(restricted, "digits-mlp") == 200  # inference is not restricted
+        response = restricted.post("/v2/repository/models/digits-mlp/unload", headers=right)
+        assert response.status_code == 200 and predict(restricted, "digits-mlp") == 404

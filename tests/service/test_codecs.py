@@ -1,4 +1,5 @@
-"""Wire formats to arrays and back, with no model in sight."""
+"""Wire formats to arrays and back, with no model in sight; and through the app, binary
+payloads that do not fit what their JSON header declares."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 from service import codecs
 from service.errors import BadInputError
 from service.inference import InferenceResult, ModelInfo, TensorInfo
+from tests.helpers import DIGITS, assert_error, binary_request
+
+V2 = "/v2/models/digits-mlp/infer"
 
 
 def test_v1_gives_one_unnamed_input_without_a_datatype() -> None:
@@ -174,3 +178,58 @@ def test_every_format_refuses_a_declared_shape_bomb(shape: list[int], needle: st
         codecs.decode_v2(header, str(len(header)))
     with pytest.raises(BadInputError, match=needle):
         codecs.decode_activation_binary(b"", ",".join(map(str, shape)))
+
+
+def _binary_case(x: np.ndarray, declared: int | None, extra: bytes = b"") -> tuple[bytes, dict]:
+    content, headers = binary_request(x)
+    if declared is not None:
+        header = json.loads(content[: int(headers["Inference-Header-Content-Length"])])
+        header["inputs"][0]["parameters"]["binary_data_size"] = declared
+        text = json.dumps(header).encode()
+        content = text + x.astype("<f4").tobytes()
+        headers["Inference-Header-Content-Length"] = str(len(text))
+    return content + extra, headers
+
+
+@pytest.mark.parametrize(
+    ("declared", "extra", "header_length", "needle"),
+    [
+        (100, b"", None, "binary_data_size 100 does not match shape [2, 64] of FP32 (512 bytes)"),
+        (None, b"\x00" * 4, None, "4 bytes beyond the declared inputs"),
+        (None, b"", "99999", "outside the body's"),
+        (None, b"", "abc", "must be an integer"),
+    ],
+)
+def test_binary_payload_that_does_not_match_its_shape(
+    client, declared, extra, header_length, needle
+) -> None:
+    content, headers = _binary_case(DIGITS[:2], declared, extra)
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = header_length
+    assert_error(client.post(V2, content=content, headers=headers), 400, needle)
+
+
+@pytest.mark.parametrize(
+    ("header_length", "status", "needle"),
+    [
+        ("9" * 5000, 413, "JSON header of over 10**18 bytes is above the maximum"),
+        ("-" + "9" * 5000, 400, "must be an integer, got '-999"),
+    ],
+)
+def test_numbers_past_pythons_digit_limit_are_a_4xx(client, header_length, status, needle) -> None:
+    """Over 4,300 digits, Python's int() raises: every such header is read without it."""
+    content, headers = _binary_case(DIGITS[:2], None, b"")
+    headers["Inference-Header-Content-Length"] = header_length
+    assert_error(client.post(V2, content=content, headers=headers), status, needle)
+
+
+def test_truncated_binary_payload(client) -> None:
+    content, headers = binary_request(DIGITS[:2])
+    assert_error(client.post(V2, content=content[:-8], headers=headers), 400, "binary data ends")
+
+
+def test_non_finite_binary_input(client) -> None:
+    x = DIGITS[:1].copy()
+    x[0, 3] = np.nan
+    content, headers = binary_request(x)
+    assert_error(client.post(V2, content=content, headers=headers), 400, "NaN or infinity")

@@ -15,7 +15,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.cuda import dynamic_entries, provider_unloadable, unresolved
-from service.inference import ModelInfo, instance_group
 from service.rest.app import create_app
 from service.settings import Settings
 from tests.helpers import DIGITS
@@ -47,19 +46,6 @@ def test_the_options_in_force_are_reported(settings_factory) -> None:
         config = client.get("/v2/models/digits-mlp/config").json()
         assert config["instance_group"] == [{"kind": "KIND_CPU", "count": 1}]
         assert "optimization" not in config  # no CUDA, no accelerator options
-
-
-def test_a_cuda_version_is_described_as_triton_would() -> None:
-    info = ModelInfo(
-        name="m", version="1", versions=["1"], platform="onnxruntime_onnx", task="",
-        arch="", activation="", label_names=(), inputs=[], outputs=[],
-        input_normalisation={}, metrics={}, max_batch_size=8,
-        providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
-        provider_options={"CUDAExecutionProvider": {"device_id": "3", "use_tf32": "0"}},
-        instance_count=2, memory_bytes=0, dynamic_batching=False, max_queue_delay_us=None,
-    )  # fmt: skip
-    cuda = info.provider_options["CUDAExecutionProvider"]
-    assert instance_group(info, cuda) == {"kind": "KIND_GPU", "count": 2, "gpus": [3]}
 
 
 def test_a_cpu_build_is_named_as_the_reason() -> None:

@@ -1,15 +1,21 @@
-"""The serving core on its own: built, started, used and stopped with no web framework."""
+"""The serving core on its own: built, started, used and stopped with no web framework; and,
+through the app, what it refuses under overload (a full queue, a passed deadline) and the
+queued requests of clients that left, which never run."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -19,10 +25,13 @@ from service.batching import Batching
 from service.dataplane import DataPlane
 from service.errors import BadInputError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
+from service.rest.app import create_app
 from service.runtime import Model
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, assert_error
 
 ROOT = Path(__file__).resolve().parents[2]
+V1 = "/v1/models/slow:predict"
+ROW = DIGITS[0].tolist()
 
 
 @pytest.mark.anyio
@@ -227,3 +236,109 @@ async def test_inline_bound_zero_runs_everything_on_threads(settings_factory) ->
         assert result.outputs["logits"].shape == (2, 10)
     finally:
         await core.stop()
+
+
+# ---- overload and deadlines, through the app --------------------------------------------------
+
+
+@asynccontextmanager
+async def serving(settings_factory, **overrides) -> AsyncIterator[httpx.AsyncClient]:
+    """An async client over the real app, its lifespan run; batches on worker threads."""
+    app = create_app(settings_factory(inline_max_us=0, **overrides))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+def slow_settings(settings_factory, slow_repository: Path):
+    def make(**overrides):
+        return settings_factory(model_repository=slow_repository, **overrides)
+
+    return make
+
+
+async def burst(client: httpx.AsyncClient, count: int, body: dict) -> list[httpx.Response]:
+    return await asyncio.gather(*(client.post(V1, json=body) for _ in range(count)))
+
+
+def test_a_full_queue_answers_503_with_retry_after(settings_factory, slow_repository) -> None:
+    async def scenario() -> None:
+        make = slow_settings(settings_factory, slow_repository)
+        async with serving(make, max_queue_size=4) as client:
+            responses = await burst(client, 40, {"instances": [ROW]})
+            codes = [r.status_code for r in responses]
+            assert set(codes) == {200, 503}, codes
+            assert codes.count(200) >= 4
+            refused = next(r for r in responses if r.status_code == 503)
+            assert refused.headers["retry-after"] == "1"
+            assert_error(refused, 503, "GELU_MAX_QUEUE_SIZE")
+            # The queue drained: the service serves again.
+            assert (await client.post(V1, json={"instances": [ROW]})).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_a_request_past_its_timeout_is_refused_not_run_late(
+    settings_factory, slow_repository
+) -> None:
+    async def scenario() -> None:
+        make = slow_settings(settings_factory, slow_repository)
+        async with serving(make) as client:
+            entry = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW}
+            body = {"inputs": [entry], "parameters": {"timeout": 1}}  # 1 µs, as Triton's
+            responses = await asyncio.gather(
+                *(client.post("/v2/models/slow/infer", json=body) for _ in range(20))
+            )
+            late = [r for r in responses if r.status_code == 503]
+            assert late, [r.status_code for r in responses]
+            assert_error(late[0], 503, "Request timeout expired")
+            assert late[0].headers["retry-after"] == "1"
+            stats = (await client.get("/v2/models/slow/stats")).json()["model_stats"][0]
+            # Refused requests never ran: every sample that ran belongs to a 200.
+            ran = stats["inference_count"]
+            assert ran == sum(r.status_code == 200 for r in responses)
+            # Without a timeout the same burst runs whole.
+            del body["parameters"]
+            ok = await asyncio.gather(
+                *(client.post("/v2/models/slow/infer", json=body) for _ in range(20))
+            )
+            assert {r.status_code for r in ok} == {200}
+
+    asyncio.run(scenario())
+
+
+def test_a_default_timeout_applies_to_every_request(settings_factory, slow_repository) -> None:
+    async def scenario() -> None:
+        make = slow_settings(settings_factory, slow_repository)
+        async with serving(make, default_timeout_us=1) as client:
+            codes = [r.status_code for r in await burst(client, 20, {"instances": [ROW]})]
+            assert 503 in codes, codes
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_goes_away_has_its_queued_request_dropped(
+    settings_factory, slow_repository
+) -> None:
+    """Requests cancelled while queued (as the server cancels a lost connection's) never
+    run; the others are answered."""
+
+    async def scenario() -> None:
+        make = slow_settings(settings_factory, slow_repository)
+        async with serving(make) as client:
+            tasks = [
+                asyncio.create_task(client.post(V1, json={"instances": [ROW] * 8}))
+                for _ in range(30)
+            ]
+            await asyncio.sleep(0.003)  # the first batches run; the rest wait
+            for task in tasks[5:]:
+                task.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            answered = [r for r in done if isinstance(r, httpx.Response)]
+            assert all(r.status_code == 200 for r in answered)
+            stats = (await client.get("/v2/models/slow/stats")).json()["model_stats"][0]
+            assert stats["inference_count"] < 30 * 8, stats["inference_count"]
+            assert (await client.post(V1, json={"instances": [ROW]})).status_code == 200
+
+    asyncio.run(scenario())

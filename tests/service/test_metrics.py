@@ -1,5 +1,5 @@
 """The metrics: the lean series in one process, and across processes what each writes and
-what /metrics sums."""
+what /metrics sums; no label from a client's string, and an unloaded model's series gone."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -18,6 +19,8 @@ from service.metrics import (
     LeanCounter,
     LeanHistogram,
 )
+from tests.helpers import predict
+from tests.servers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,3 +134,67 @@ def test_lean_series_scrape_as_prometheus_clients_do(buckets: tuple[float, ...])
     lean = _scraped(LeanCounter, LeanHistogram, buckets)
     assert lean == _scraped(Counter, Histogram, buckets)
     assert any('trace_id="0af7651916cd43dd8448eb211c80319c"' in line for line in lean[1])
+
+
+def _series(client: TestClient, model: str) -> list[str]:
+    """The /metrics lines of ``model``'s series."""
+    return [line for line in client.get("/metrics").text.splitlines()
+            if f'model="{model}"' in line and not line.startswith("#")]  # fmt: skip
+
+
+def test_an_unloaded_models_series_leave_metrics(explicit: TestClient) -> None:
+    """Once its requests are finished, an unloaded model's series leave /metrics (its provider
+    among them: it runs nowhere now), as Triton's do, but for the requests about it by name
+    (version ""); another model's stay, and a reload starts them afresh."""
+    tanh = "digits-mlp-tanh"
+    assert explicit.post(f"/v2/repository/models/{tanh}/load").status_code == 200
+    assert predict(explicit, tanh) == 200
+    names = {line.split("{")[0] for line in _series(explicit, tanh)}
+    assert {"gelu_requests_total", "gelu_request_duration_seconds_bucket",
+            "gelu_compute_seconds_count", "gelu_execution_provider"} <= names  # fmt: skip
+    kept = _series(explicit, "digits-mlp")
+    assert kept
+    assert explicit.post(f"/v2/repository/models/{tanh}/unload").status_code == 200
+
+    def gone() -> bool:  # the version drains, then its series go
+        return not any('version="1"' in x for x in _series(explicit, tanh))
+
+    wait_until(gone, timeout=10, every=0.05, what="the unloaded version's series to go")
+    left = _series(explicit, tanh)
+    assert left and all('version=""' in line for line in left), left
+    assert not any(line.startswith("gelu_batch_size") for line in left)
+    assert _series(explicit, "digits-mlp") == kept
+    assert explicit.post(f"/v2/repository/models/{tanh}/load").status_code == 200
+    assert predict(explicit, tanh) == 200
+    counted = [x for x in _series(explicit, tanh) if x.startswith("gelu_requests_total{")]
+    predicted = [x for x in counted if 'version="1"' in x]
+    assert len(predicted) == 1 and predicted[0].endswith(" 1.0"), counted
+
+
+def test_a_clients_model_name_never_becomes_a_metric_label(client) -> None:
+    for i in range(5):
+        client.post(f"/v2/repository/models/made-up-{i}/load")  # 503 in none mode
+        client.get(f"/v2/models/made-up-{i}/ready")  # 404
+        client.put(f"/v1/models/made-up-{i}:predict")  # 405
+    metrics = client.get("/metrics").text
+    assert "made-up" not in metrics
+    assert 'endpoint="/v2/repository/models/{name}/load",model=""' in metrics
+
+
+def test_client_strings_never_become_metric_labels(client) -> None:
+    """Distinct unknown names, paths and methods add no label sets once each route and status
+    has been seen: /metrics stays the same size, however many of them arrive."""
+
+    def hostile(start: int, count: int) -> int:
+        for i in range(start, start + count):
+            client.post(f"/v1/models/m{i}:predict", json={"instances": [[0.0]]})
+            client.get(f"/v2/models/m{i}/ready")
+            client.delete(f"/v2/models/m{i}/infer")
+            client.post(f"/v1/activations/a{i}", json={"data": [1.0]})
+            client.post(f"/v1/activations/gelu?derivative=x{i}", json={"data": [1.0]})
+            client.get(f"/nowhere/{i}")
+        return len(client.get("/metrics").text)
+
+    seen = hostile(0, 20)
+    # 1,200 more requests with new strings: only counts and sums change (a few digits).
+    assert hostile(20, 200) - seen < 2_000

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.settings import Settings
+from service.settings import Settings, SettingsError, load_settings
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,3 +101,18 @@ def test_serve_refuses_a_short_token_in_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "GELU_CONTROL_TOKEN" in lines[0] and "16" in lines[0], lines
+
+
+def test_pinned_models_fit_the_count() -> None:
+    with pytest.raises(SettingsError, match="GELU_PINNED_MODELS names 2 models, more than"):
+        load_settings(model_control_mode="on_demand", pinned_models="a,b", max_loaded_models=1)
+
+
+def test_load_settings_names_each_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GELU_LOG_LEVEL", "loud")
+    monkeypatch.setenv("GELU_MAX_BODY_BYTES", "lots")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert "GELU_LOG_LEVEL=loud" in str(error.value)
+    assert "GELU_MAX_BODY_BYTES=lots" in str(error.value)
+    assert "\n" not in str(error.value)

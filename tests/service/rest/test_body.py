@@ -1,17 +1,26 @@
-"""Request bodies within their limits, and compressed ones decoded off the event loop."""
+"""Request bodies within their limits (JSON's bounded in what it costs, slow against a real
+server), and compressed ones decoded off the event loop, bombs stopped at the limit."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
+import threading
 import time
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.errors import BadInputError, PayloadTooLargeError
 from service.rest.body import INLINE_DECODE_BYTES, BodyLimits, decompress
+from tests.helpers import DIGITS, assert_error
+from tests.servers import connect, get, read_all, request_bytes, running, status_and_error
+
+V1 = "/v1/models/digits-mlp:predict"
+ROW = DIGITS[0].tolist()
 
 # 64 KiB of gzip that inflates to 64 MiB: small enough to have been inflated on the loop whole.
 BOMB = gzip.compress(bytes(64 << 20), 9)
@@ -98,3 +107,115 @@ def test_a_small_gzip_body_is_decoded_and_described() -> None:
     assert time.perf_counter() - began < 5
     assert (b"content-length", b"14") in scope["headers"]
     assert all(key != b"content-encoding" for key, _ in scope["headers"])
+
+
+def test_body_above_the_limit_is_413(client) -> None:
+    big = b'{"instances": [' + b"0.5," * 300_000 + b"0.5]]}"
+    assert_error(client.post(V1, content=big), 413, "above the maximum of 1048576")
+
+
+def test_streamed_body_above_the_limit_is_413(client) -> None:
+    def chunks():  # no Content-Length: the limit applies as the body arrives
+        for _ in range(40):
+            yield b" " * 50_000
+
+    assert_error(client.post(V1, content=chunks()), 413, "above the maximum")
+
+
+@pytest.mark.slow
+def test_large_json_bodies_do_not_stall_liveness_or_memory(model_repository: Path) -> None:
+    """Four JSON bodies at the JSON limit at once: liveness keeps answering within 1 s, RSS
+    grows by less than 400 MiB, and a body above the limit is refused before it is read."""
+    import psutil
+
+    limit = 8 << 20
+    values = b"0.123456789," * (limit // 12 - 10)
+    body = b'{"data": [' + values + b"0.5]}"
+    assert len(body) <= limit
+    with running(model_repository, GELU_MAX_JSON_BYTES=str(limit)) as (port, process):
+        rss_before = psutil.Process(process.pid).memory_info().rss
+        results: list[int] = []
+
+        def post() -> None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            connection.request("POST", "/v1/activations/gelu", body)
+            results.append(connection.getresponse().status)
+            connection.close()
+
+        threads = [threading.Thread(target=post) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        worst, peak = 0.0, 0
+        while any(t.is_alive() for t in threads):
+            began = time.monotonic()
+            assert get(port, "/v2/health/live", timeout=10)[0] == 200
+            worst = max(worst, time.monotonic() - began)
+            peak = max(peak, psutil.Process(process.pid).memory_info().rss)
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join()
+        assert results == [200] * 4, results
+        print(f"liveness worst {worst:.3f} s, RSS +{(peak - rss_before) >> 20} MiB")
+        assert worst < 1.0, f"liveness took {worst:.2f} s"
+        assert peak - rss_before < 400 << 20, f"RSS grew {(peak - rss_before) >> 20} MiB"
+
+        # Above the limit: refused by its Content-Length, before the body is sent.
+        with connect(port) as sock:
+            head = request_bytes("POST", "/v1/activations/gelu", headers="Connection: close\r\n")
+            sock.sendall(head.replace(b"Length: 0", f"Length: {limit + 1}".encode()))
+            status, error = status_and_error(read_all(sock))
+        assert status == 413
+        assert "GELU_MAX_JSON_BYTES" in error
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress)],
+)
+def test_compressed_bodies_are_decoded(client, encoding, compress) -> None:
+    import orjson
+
+    body = orjson.dumps({"instances": [ROW]})
+    plain = client.post("/v1/models/digits-mlp:predict", content=body)
+    packed = client.post(
+        "/v1/models/digits-mlp:predict",
+        content=compress(body),
+        headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
+    )
+    assert packed.status_code == 200, packed.text
+    assert packed.content == plain.content
+    # Counted as the plain one is, with the version that served it: the decoded request's
+    # scope is the one the metrics read.
+    counted = [
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith('gelu_requests_total{code="200"') and ":predict" in line
+    ]
+    assert len(counted) == 1 and 'model="digits-mlp"' in counted[0], counted
+    assert 'version=""' not in counted[0], counted
+
+
+def test_a_decompression_bomb_stops_at_the_limit(client) -> None:
+    bomb = gzip.compress(b" " * (4 << 20))  # 4 MiB of spaces in about 4 KiB; limit 1 MiB
+    assert len(bomb) < 10_000
+    response = client.post(
+        "/v1/models/digits-mlp:predict", content=bomb, headers={"Content-Encoding": "gzip"}
+    )
+    assert_error(response, 413, "decompresses to more than the maximum of 1048576")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "status", "needle"),
+    [
+        ("br", b"{}", 415, "Content-Encoding 'br' is not supported"),
+        ("gzip", b"not gzip at all", 400, "not valid gzip data"),
+        ("gzip", gzip.compress(b'{"instances": []}')[:-12], 400, "truncated gzip"),
+        ("deflate", b"\x00\x01\x02", 400, "not valid deflate data"),
+    ],
+)
+def test_bad_compressed_bodies(client, encoding, body, status, needle) -> None:
+    response = client.post(
+        "/v1/models/digits-mlp:predict", content=body, headers={"Content-Encoding": encoding}
+    )
+    assert_error(response, status, needle)
+    assert client.get("/v2/health/live").status_code == 200

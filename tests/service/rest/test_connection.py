@@ -1,5 +1,5 @@
 """The connection's parts, in process: a body held in pieces, the spare buffers (the limits
-they enforce against a real server: test_limits.py)."""
+they enforce against a real server: test_protocol.py's slow tests)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def operations(port: int) -> list:
     schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{port}/openapi.json")
     found = [result.ok() for result in schema.get_all_operations()]
     # Unloading would leave the rest of the run without models; its refusals are tested in
-    # test_repository_api.py.
+    # test_v2.py.
     return [o for o in found if not o.path.endswith("/unload")]
 
 

@@ -1,12 +1,16 @@
 """The one envelope of every HTTP request (issue 62, "One request envelope for every face"):
 every route of the app, FastAPI's and the direct ones, on every host (the app alone, under a
 root path, a Ray replica's host behind its ``route_prefix``), answers with a request id, is
-counted in the metrics, and is refused without the credentials of its class."""
+counted in the metrics, and is refused without the credentials of its class. A refusal to
+start is one line naming what is at fault, with no traceback but at the debug level."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +19,9 @@ from service.auth import CLASSES
 from service.host import Host
 from service.rest.app import ServiceApp, create_app
 from service.rest.routing import Classed
+from tests.servers import refusal_alone
 
+HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 KEYS = {name: f"{name}-key-0123456789" for name in CLASSES}
 EVERY_CLASS = ";".join(f"{name}:x-api-key={key}" for name, key in KEYS.items())
 PARAMETERS = {"{name}": "digits-mlp", "{version}": "1"}
@@ -91,3 +97,37 @@ def test_an_unmatched_path_needs_every_key(client: TestClient) -> None:
         response = client.get("/v2/nowhere", headers={"x-api-key": key} if key else {})
         assert response.status_code in (401, 403)
         assert "matches no route" in response.json()["error"]
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if needle in line]
+    assert len(errors) == 1, output
+
+
+@pytest.mark.slow
+def test_missing_repository_is_one_line(tmp_path: Path) -> None:
+    result = refusal_alone(GELU_MODEL_REPOSITORY=str(tmp_path / "nowhere"))
+    assert_one_line_refusal(result, "GELU_MODEL_REPOSITORY")
+    assert "does not exist" in result.stderr
+
+
+@pytest.mark.slow
+def test_strict_provider_refusal_is_one_line(model_repository: Path) -> None:
+    if HAS_CUDA:
+        pytest.skip("onnxruntime here has CUDA: nothing to refuse")
+    result = refusal_alone(
+        GELU_MODEL_REPOSITORY=str(model_repository),
+        GELU_PROVIDERS="cuda,cpu",
+        GELU_STRICT_PROVIDERS="true",
+    )
+    assert_one_line_refusal(result, "GELU_STRICT_PROVIDERS=true")
+
+
+@pytest.mark.slow
+def test_traceback_only_at_debug_level(tmp_path: Path) -> None:
+    result = refusal_alone(GELU_MODEL_REPOSITORY=str(tmp_path / "nowhere"), GELU_LOG_LEVEL="debug")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "StartupError" in result.stderr

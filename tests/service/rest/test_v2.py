@@ -1,12 +1,15 @@
-"""The Open Inference Protocol routes, JSON and the binary tensor data extension."""
+"""The Open Inference Protocol routes, JSON and the binary tensor data extension, and
+Triton's model repository extension over them: index, load, unload."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+from fastapi.testclient import TestClient
 
-from tests.helpers import DIGITS, assert_error, binary_request
+from service.control import CONTROL_FORBIDDEN
+from tests.helpers import DIGITS, assert_error, binary_request, predict
 
 
 def split_binary(response) -> tuple[dict, bytes]:
@@ -139,3 +142,48 @@ def test_a_wrong_method_is_405_with_allow(client) -> None:
     response = client.get("/v2/models/digits-mlp/infer")
     assert_error(response, 405, "Method Not Allowed")
     assert response.headers["allow"] == "POST"
+
+
+def test_index_lists_every_version_with_its_state(client) -> None:
+    index = client.post("/v2/repository/index").json()
+    assert {"name": "digits-mlp", "version": "2", "state": "READY", "reason": ""} in index
+    assert {e["name"] for e in index} == {"digits-autoencoder", "digits-mlp", "digits-mlp-tanh"}
+    assert client.post("/v2/repository/index", json={"ready": True}).json() == index
+    assert "model_repository" in client.get("/v2").json()["extensions"]
+    assert_error(client.post("/v2/repository/index", json={"ready": "yes"}), 400, "ready")
+    assert_error(client.post("/v2/repository/index", content=b"[1"), 400, "malformed JSON")
+
+
+def test_load_and_unload_are_forbidden_outside_explicit_mode(client) -> None:
+    for action in ("load", "unload"):
+        response = client.post(f"/v2/repository/models/digits-mlp/{action}")
+        assert_error(response, 503, CONTROL_FORBIDDEN)
+    assert predict(client, "digits-mlp") == 200
+
+
+def test_explicit_mode_over_http(explicit: TestClient) -> None:
+    assert predict(explicit, "digits-mlp-tanh") == 404
+    assert explicit.post("/v2/repository/models/digits-mlp-tanh/load").status_code == 200
+    assert predict(explicit, "digits-mlp-tanh") == 200
+    assert explicit.get("/v2/models/digits-mlp-tanh/ready").status_code == 200
+    load, unload = (f"/v2/repository/models/digits-mlp-tanh/{a}" for a in ("load", "unload"))
+    # Triton's overrides are refused, not ignored: the model stays as the repository holds it
+    for key in ("config", "file:1/model.onnx"):
+        response = explicit.post(load, json={"parameters": {key: "e30="}})
+        assert_error(response, 400, f"load parameter {key!r} is not supported")
+    for body in (b"[1]", b'{"parameters": [1]}', b"{"):
+        assert_error(explicit.post(load, content=body), 400, "JSON")
+        assert_error(explicit.post(unload, content=body), 400, "JSON")
+    assert predict(explicit, "digits-mlp-tanh") == 200
+    assert explicit.post(load, json={"parameters": {"custom": 1}}).status_code == 200
+    assert explicit.post(load, json={}).status_code == 200
+    no_dependents = {"parameters": {"unload_dependents": True}}
+    response = explicit.post("/v2/repository/models/digits-mlp/unload", json=no_dependents)
+    assert response.status_code == 200
+    assert predict(explicit, "digits-mlp") == 404
+    assert explicit.get("/v2/models/digits-mlp/ready").status_code == 404
+    assert_error(explicit.post("/v2/repository/models/nope/load"), 404, "no model 'nope'")
+    assert_error(explicit.post("/v2/repository/models/nope/unload"), 404, "no model 'nope'")
+    assert_error(explicit.post("/v2/repository/models/.staging/load"), 404, "no model")
+    ready = explicit.post("/v2/repository/index", json={"ready": True}).json()
+    assert {e["name"] for e in ready} == {"digits-mlp-tanh"}

@@ -1,22 +1,19 @@
-"""Every client mistake gets a 4xx with one JSON error shape, and the service keeps serving."""
+"""The service's errors: each class carries its status and message, and through the app
+every client mistake gets a 4xx with one JSON error shape, and the service keeps serving."""
 
 from __future__ import annotations
 
+import inspect
 import json
+from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.helpers import DIGITS, assert_error, binary_request
+from service import errors
+from tests.helpers import ROW, assert_error, v2_body
 
-ROW = [0.5] * 64
 V1 = "/v1/models/digits-mlp:predict"
 V2 = "/v2/models/digits-mlp/infer"
-
-
-def v2_body(**changes) -> dict:
-    entry = {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW, **changes}
-    return {"inputs": [entry]}
 
 
 CASES = [
@@ -190,92 +187,10 @@ def test_bad_input_gets_4xx_and_service_keeps_serving(client, path, body, status
     assert client.post(V1, json={"instances": [ROW]}).status_code == 200
 
 
-def _binary_case(x: np.ndarray, declared: int | None, extra: bytes = b"") -> tuple[bytes, dict]:
-    content, headers = binary_request(x)
-    if declared is not None:
-        header = json.loads(content[: int(headers["Inference-Header-Content-Length"])])
-        header["inputs"][0]["parameters"]["binary_data_size"] = declared
-        text = json.dumps(header).encode()
-        content = text + x.astype("<f4").tobytes()
-        headers["Inference-Header-Content-Length"] = str(len(text))
-    return content + extra, headers
-
-
-@pytest.mark.parametrize(
-    ("declared", "extra", "header_length", "needle"),
-    [
-        (100, b"", None, "binary_data_size 100 does not match shape [2, 64] of FP32 (512 bytes)"),
-        (None, b"\x00" * 4, None, "4 bytes beyond the declared inputs"),
-        (None, b"", "99999", "outside the body's"),
-        (None, b"", "abc", "must be an integer"),
-    ],
-)
-def test_binary_payload_that_does_not_match_its_shape(
-    client, declared, extra, header_length, needle
-) -> None:
-    content, headers = _binary_case(DIGITS[:2], declared, extra)
-    if header_length is not None:
-        headers["Inference-Header-Content-Length"] = header_length
-    assert_error(client.post(V2, content=content, headers=headers), 400, needle)
-
-
-@pytest.mark.parametrize(
-    ("header_length", "status", "needle"),
-    [
-        ("9" * 5000, 413, "JSON header of over 10**18 bytes is above the maximum"),
-        ("-" + "9" * 5000, 400, "must be an integer, got '-999"),
-    ],
-)
-def test_numbers_past_pythons_digit_limit_are_a_4xx(client, header_length, status, needle) -> None:
-    """Over 4,300 digits, Python's int() raises: every such header is read without it."""
-    content, headers = _binary_case(DIGITS[:2], None, b"")
-    headers["Inference-Header-Content-Length"] = header_length
-    assert_error(client.post(V2, content=content, headers=headers), status, needle)
-
-
-def test_truncated_binary_payload(client) -> None:
-    content, headers = binary_request(DIGITS[:2])
-    assert_error(client.post(V2, content=content[:-8], headers=headers), 400, "binary data ends")
-
-
-def test_non_finite_binary_input(client) -> None:
-    x = DIGITS[:1].copy()
-    x[0, 3] = np.nan
-    content, headers = binary_request(x)
-    assert_error(client.post(V2, content=content, headers=headers), 400, "NaN or infinity")
-
-
-def test_body_above_the_limit_is_413(client) -> None:
-    big = b'{"instances": [' + b"0.5," * 300_000 + b"0.5]]}"
-    assert_error(client.post(V1, content=big), 413, "above the maximum of 1048576")
-
-
-def test_streamed_body_above_the_limit_is_413(client) -> None:
-    def chunks():  # no Content-Length: the limit applies as the body arrives
-        for _ in range(40):
-            yield b" " * 50_000
-
-    assert_error(client.post(V1, content=chunks()), 413, "above the maximum")
-
-
 def test_wrong_method_and_query_type(client) -> None:
     assert_error(client.delete("/v1/models"), 405, "Method Not Allowed")
     response = client.post("/v1/activations/gelu?derivative=maybe", json={"data": [1.0]})
     assert_error(response, 400, "derivative")
-
-
-def test_request_batch_limit_from_settings(settings_factory) -> None:
-    from fastapi.testclient import TestClient
-
-    from service.rest.app import create_app
-
-    with TestClient(create_app(settings_factory(max_request_batch=4))) as limited:
-        assert limited.get("/v1/models/digits-mlp").json()["max_batch_size"] == 4
-        ok = limited.post(V1, json={"instances": [ROW] * 4})
-        assert ok.status_code == 200
-        assert_error(limited.post(V1, json={"instances": [ROW] * 5}), 413, "maximum of 4")
-        assert_error(limited.post(V2, json=v2_body(shape=[5, 64], data=ROW * 5)), 413,
-                     "maximum of 4")  # fmt: skip
 
 
 def test_direct_routes_answer_other_methods_and_failures_in_the_one_shape(client) -> None:
@@ -303,3 +218,76 @@ def test_direct_routes_answer_other_methods_and_failures_in_the_one_shape(client
         'endpoint="/v2/models/{name}/versions/{version}/infer",model="digits-mlp",version="1"'
         in (client.get("/metrics").text)
     )
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (ValueError("bad value\n  at line 3\n"), "bad value"),
+        (OSError("  padded  "), "padded"),
+        (RuntimeError("\n\nafter blank lines\nand more"), "after blank lines"),
+        (MemoryError(), "MemoryError"),
+        (KeyError(), "KeyError"),
+        (ValueError("   \n "), "ValueError"),
+    ],
+)
+def test_first_line_is_what_an_exception_says_on_one_line(raised: Exception, said: str) -> None:
+    assert errors.first_line(raised) == said
+
+
+# Every answer class, as the faces raise it: its status, and the headers it is answered with.
+ANSWERS = [
+    (errors.ServiceError("a bug"), 500, None),
+    (errors.BadInputError("malformed"), 400, None),
+    (errors.LoadFailedError("m", "m/1: no model.onnx"), 400, None),
+    (errors.NotFoundError("no model 'm'"), 404, None),
+    (errors.MethodNotAllowedError("GET is not allowed", "POST"), 405, {"Allow": "POST"}),
+    (errors.UnauthorizedError("restricted"), 401, None),
+    (errors.ForbiddenError("not for this"), 403, None),
+    (errors.PayloadTooLargeError("too large"), 413, None),
+    (errors.UnsupportedMediaError("br"), 415, None),
+    (errors.NotReadyError("loading"), 503, None),
+    (errors.OverloadedError("queue full"), 503, {"Retry-After": "1"}),
+    (errors.OverloadedError("queue full", retry_after_s=7), 503, {"Retry-After": "7"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "headers"), ANSWERS, ids=[type(error).__name__ for error, *_ in ANSWERS]
+)
+def test_each_error_carries_its_status_message_and_headers(
+    error: errors.ServiceError, status: int, headers: dict[str, str] | None
+) -> None:
+    assert error.status_code == status
+    assert error.headers == headers
+    assert str(error) == error.message  # the message is the exception's own (super().__init__)
+
+
+def test_a_failed_load_is_a_bad_input_naming_the_model() -> None:
+    """As Triton answers a load that failed: 400, "failed to load", the model and why."""
+    error = errors.LoadFailedError("digits-mlp", "digits-mlp/2: onnxruntime cannot load it")
+    assert isinstance(error, errors.BadInputError)
+    assert error.message == "failed to load 'digits-mlp': digits-mlp/2: onnxruntime cannot load it"
+
+
+def test_an_overload_is_not_ready() -> None:
+    """A face that answers NotReadyError (503, gRPC UNAVAILABLE) answers an overload alike."""
+    assert issubclass(errors.OverloadedError, errors.NotReadyError)
+
+
+def test_every_answer_class_is_an_error_status_with_its_message() -> None:
+    """Any ServiceError of the module, built with its required arguments: a 4xx or 5xx, its
+    message its ``str``. StartupError and ModelLoadError are no answers: a face never sends
+    them as they are."""
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.ServiceError)]  # fmt: skip
+    assert len(classes) >= len({type(error) for error, _, _ in ANSWERS})
+    for cls in classes:
+        required = [p for p in inspect.signature(cls).parameters.values()
+                    if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]  # fmt: skip
+        arguments: list[Any] = [f"{p.name} of {cls.__name__}" for p in required]
+        error = cls(*arguments)
+        assert 400 <= error.status_code < 600, cls
+        assert str(error) == error.message and cls.__name__ in error.message, cls
+    for outside in (errors.StartupError, errors.ModelLoadError):
+        assert not issubclass(outside, errors.ServiceError)
