@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
+.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest pytest-split pytest-rest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
 
 # Installs by job, into $(VENV): serving and training (`make run`), the benchmark, and
 # everything (`make test`: its tests cover every extra; `make install`, for developers). Each is
@@ -90,8 +90,24 @@ format: $(ALL_ENV)
 typecheck: $(ALL_ENV)
 	$(BIN)/mypy .
 
+# The suite as two pytest processes at once (PYTEST_SPLIT= for one): the tests of the service,
+# its security and the models, and all the others, about equal halves in time. Each collects and
+# runs its half in order as one process would; pytest-xdist's workers need identical collections
+# and run tests in other orders, and this suite holds to neither yet (docs/workbench.md).
+PYTEST_SPLIT ?= tests/service tests/security tests/models
+
 pytest: $(ALL_ENV) tools
+ifeq ($(strip $(PYTEST_SPLIT)),)
 	$(BIN)/pytest -q
+else
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest-split pytest-rest
+endif
+
+pytest-split: $(ALL_ENV) tools
+	$(BIN)/pytest -q $(PYTEST_SPLIT)
+
+pytest-rest: $(ALL_ENV) tools
+	$(BIN)/pytest -q $(addprefix --ignore=,$(PYTEST_SPLIT))
 
 test: lint typecheck pytest
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -27,10 +28,36 @@ from bench.wrk import Request
 SERVICE_APP = "service.rest.app:create_app"
 
 
+# The servers' ports come from below the kernel's ephemeral range, where no client connection's
+# local port (wrk's, another test's) can take one between its choice and the server's bind, and
+# none is handed out twice in one process (the kernel may give a closed port 0 again).
+LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on now, below the ephemeral range and new to this process."""
+    try:
+        ranges = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        first_ephemeral = int(ranges.split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768  # Linux's default
+    while True:
+        if first_ephemeral - LOWEST_PORT < 1000:  # no room below it: the kernel's choice
+            port = 0
+        else:
+            port = LOWEST_PORT + secrets.randbelow(first_ephemeral - LOWEST_PORT)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 @dataclass(frozen=True)
