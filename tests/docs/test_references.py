@@ -419,8 +419,8 @@ def test_the_checks_see_what_they_check() -> None:
     assert sum(bool(SIGNATURE.fullmatch(span)) for span in spans) >= 5
     assert sum(bool(re.match(r"make [a-z]", span)) for span in spans) > 50
     assert len(_targets()) > 10 and "bench-pool" in _targets()
-    assert _slug("What the hardening of issue 62 cost (not yet settled)") == (
-        "what-the-hardening-of-issue-62-cost-not-yet-settled"
+    assert _slug("What the hardening of issue 62 cost (settled)") == (
+        "what-the-hardening-of-issue-62-cost-settled"
     )
     assert _slug("Inference: HTTP driven by wrk, gRPC by `bench.grpc_load`") == (
         "inference-http-driven-by-wrk-grpc-by-benchgrpc_load"
