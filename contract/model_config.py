@@ -22,7 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from contract.names import CONFIG_FILENAME, PLATFORM
+from contract.names import CONFIG_FILENAME, ENSEMBLE_PLATFORM, PLATFORM
 from contract.triton import model_config_pb2 as triton
 
 # Triton's data types, the Open Inference Protocol's names for them, and numpy's.
@@ -343,6 +343,8 @@ class ModelConfig:
     cuda_graphs: tuple[int, ...] = ()
     # dynamic_batching's priority levels and queue policies; None where it writes none
     scheduling: SchedulingPolicy | None = None
+    # parameters { key: "batch_invariant" }: "rows" or "pad" (``BATCH_INVARIANT``), "" off
+    batch_invariant: str = ""
 
     def to_message(self) -> triton.ModelConfig:
         """This config as Triton's ``ModelConfig`` message (``unhonoured`` fields are not
@@ -395,6 +397,8 @@ class ModelConfig:
                     setattr(entry, f"{given.source}_data", True)
         if self.response_cache:
             message.response_cache.enable = True
+        if self.batch_invariant:
+            message.parameters[BATCH_INVARIANT_KEY].string_value = self.batch_invariant
         return message
 
     def to_pbtxt(self) -> str:
@@ -564,6 +568,40 @@ def _cuda_graphs(message: triton.ModelConfig) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
+# Triton's model ``parameters`` key asking that a row's answer be the same bits whatever batch
+# it rides in, and how each value holds it (docs/serving.md, "Batch invariance"): "rows" runs
+# every row alone, "pad" every run at one batch size; "off", as no key, batches freely.
+BATCH_INVARIANT_KEY = "batch_invariant"
+BATCH_INVARIANT = ("rows", "pad")
+PARAMETER_KEYS = frozenset({BATCH_INVARIANT_KEY})  # the parameters the service acts on
+
+
+def _batch_invariant(message: triton.ModelConfig) -> str:
+    """``parameters { key: "batch_invariant" value: { string_value: ... } }``: "rows", "pad",
+    or "" (off, also spelled "off")."""
+    parameter = message.parameters.get(BATCH_INVARIANT_KEY)
+    if parameter is None:
+        return ""
+    value = parameter.string_value
+    if value == "off":
+        return ""
+    if value not in BATCH_INVARIANT:
+        raise _Invalid(
+            "parameters",
+            f"parameters {BATCH_INVARIANT_KEY}: {value!r} is not one of off, "
+            f"{', '.join(BATCH_INVARIANT)}",
+        )
+    if message.max_batch_size < 1:
+        raise _Invalid("parameters", f"parameters {BATCH_INVARIANT_KEY} needs max_batch_size >= 1")
+    if message.platform == ENSEMBLE_PLATFORM:
+        raise _Invalid(
+            "parameters",
+            f"parameters {BATCH_INVARIANT_KEY}: an ensemble runs nothing itself; set it on "
+            "its steps' models",
+        )
+    return value
+
+
 def _queue_policy(policy: triton.ModelQueuePolicy, what: str) -> QueuePolicy:
     action = triton.ModelQueuePolicy.TimeoutAction.DESCRIPTOR.values_by_number.get(
         policy.timeout_action
@@ -649,6 +687,9 @@ def _unhonoured(message: triton.ModelConfig) -> tuple[str, ...]:
         "graph_spec",
     }:
         left.discard("optimization")
+    if "parameters" in left:
+        left.discard("parameters")
+        left.update(f"parameters.{key}" for key in message.parameters if key not in PARAMETER_KEYS)
     return tuple(sorted(left))
 
 
@@ -707,6 +748,7 @@ def _view(message: triton.ModelConfig, directory_name: str | None) -> ModelConfi
         steps=_steps(message),
         cuda_graphs=_cuda_graphs(message),
         scheduling=_scheduling(message, name),
+        batch_invariant=_batch_invariant(message),
     )
 
 

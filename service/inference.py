@@ -105,6 +105,7 @@ class ModelInfo:
     ensemble_steps: list[dict[str, Any]] = field(default_factory=list)
     cuda_graphs: tuple[int, ...] = ()  # optimization.cuda.graphs' batch sizes, when asked
     scheduling: SchedulingPolicy | None = None  # dynamic_batching's priority levels and queues
+    batch_invariant: str = ""  # config.pbtxt's parameters batch_invariant: "rows", "pad", "" off
 
     def configuration(self) -> dict[str, Any]:
         """This version's config.pbtxt as Triton's model configuration JSON."""
@@ -122,6 +123,8 @@ class ModelInfo:
             if self.scheduling is not None:
                 batching.update(self.scheduling.to_json())
             config["dynamic_batching"] = batching
+        if self.batch_invariant:  # Triton's model parameters, as its JSON writes them
+            config["parameters"] = {"batch_invariant": {"string_value": self.batch_invariant}}
         if self.ensemble_steps:  # Triton's: no instance of its own, its steps
             config["ensemble_scheduling"] = {"step": self.ensemble_steps}
             return config

@@ -135,10 +135,14 @@ class Model:
     output_names: list[str] = field(init=False)
     input_configs: dict[str, TensorConfig] = field(init=False)  # by name
     warmup_runs: int = 0  # config.pbtxt's model_warmup runs made before it was ready
+    # batch_invariant (config.pbtxt): the one batch size every run has; 0 where runs take
+    # batches as they come
+    run_size: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
         self.input_configs = {t.name: t for t in self.config.inputs}
+        self.run_size = invariant_run_size(self.config)
 
     @property
     def providers(self) -> list[str]:
@@ -158,8 +162,32 @@ class Model:
     ) -> dict[str, np.ndarray]:
         """Run the session on already validated inputs; blocks, so call it off the event loop."""
         names = outputs or self.output_names
+        if self.run_size:
+            return self._infer_fixed(names, inputs)
         results = self.session.run(names, inputs)
         return dict(zip(names, results, strict=True))
+
+    def _infer_fixed(
+        self, names: list[str], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """``batch_invariant``: the batch run in slices of ``run_size`` rows, the last padded
+        with copies of its last row, so every run the session sees has the one shape whoever
+        shares the batch; each row's answer is then what it is alone (docs/serving.md)."""
+        size = self.run_size
+        rows = len(next(iter(inputs.values())))
+        parts: list[list[np.ndarray]] = []
+        for start in range(0, rows, size):
+            taken = min(size, rows - start)
+            feed = {}
+            for name, array in inputs.items():
+                piece = array[start : start + taken]
+                if taken < size:  # its last row again: a value of its own kind (BYTES too)
+                    piece = np.concatenate([piece, np.repeat(piece[-1:], size - taken, axis=0)])
+                feed[name] = piece
+            parts.append([r[:taken] for r in self.session.run(names, feed)])
+        if len(parts) == 1:
+            return dict(zip(names, parts[0], strict=True))
+        return {n: np.concatenate([p[i] for p in parts]) for i, n in enumerate(names)}
 
     def checked_inputs(self, given: list[RequestInput], maximum: int) -> dict[str, np.ndarray]:
         """A request's inputs by name: names, datatypes, shapes and batch sizes checked against
@@ -337,6 +365,17 @@ class Model:
                         f"{label}: {kind} {name!r} is {got[name][0]} {list(got[name][1])} in "
                         f"model.onnx but {datatype} {list(dims)} in config.pbtxt"
                     )
+
+
+def invariant_run_size(config: ModelConfig) -> int:
+    """The batch size every run of a ``batch_invariant`` model has: 1 for "rows"; for "pad",
+    its largest CUDA graph's (the binding pads to it too), else ``max_batch_size``. 0 when
+    off."""
+    if config.batch_invariant == "rows":
+        return 1
+    if config.batch_invariant == "pad":
+        return max(config.cuda_graphs, default=config.max_batch_size)
+    return 0
 
 
 def dims_match(actual: tuple[int, ...], declared: tuple[int, ...]) -> bool:

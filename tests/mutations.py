@@ -29,6 +29,7 @@ model_warmup [
 response_cache { enable: true }
 optimization { cuda { graphs: true graph_spec [ { batch_size: 1 }, { batch_size: 4 } ] } }
 parameters { key: "x" value: { string_value: "café" } }
+parameters { key: "batch_invariant" value: { string_value: "pad" } }
 """
 
 

@@ -616,6 +616,7 @@ class ModelRepository:
             config_max_batch_size=config.max_batch_size,
             cuda_graphs=config.cuda_graphs,
             scheduling=config.scheduling,
+            batch_invariant=config.batch_invariant,
             ensemble_steps=[
                 {
                     "model_name": step.model_name,

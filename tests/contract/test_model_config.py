@@ -164,7 +164,7 @@ def test_bounds_and_encoding() -> None:
     assert load_model_config(padding[: MAX_CONFIG_BYTES - 20] + '\nname: "m"').name == "m"
     depth = MAX_CONFIG_DEPTH
     brackets = 'name: "m"\n# { { {\nparameters { key: "{" value { string_value: "[[[" } }\n'
-    assert load_model_config(brackets).unhonoured == ("parameters",)  # strings, comments skipped
+    assert load_model_config(brackets).unhonoured == ("parameters.{",)  # strings, comments skipped
     with pytest.raises(ConfigParseError, match=rf"^config\.pbtxt:1:{2 * depth + 1}: nested"):
         load_model_config("[ " * (depth + 1))
 
@@ -219,7 +219,7 @@ def test_fields_not_acted_on_are_named() -> None:
     assert load_model_config(base + warmup).unhonoured == ()  # model_warmup is acted on
     others = 'parameters { key: "k" value { string_value: "v" } }\nmodel_transaction_policy { }\n'
     config = load_model_config(base + others)
-    assert config.unhonoured == ("model_transaction_policy", "parameters")
+    assert config.unhonoured == ("model_transaction_policy", "parameters.k")
     assert load_model_config(config.to_pbtxt()).unhonoured == ()  # not written back
 
 
@@ -259,3 +259,28 @@ def test_tritons_messages_coexist_with_tritonclients_copy() -> None:
     copied = theirs.ModelConfig.FromString(message.SerializeToString())
     assert copied.input[0].dims == [1, 8, 8]
     assert ours.ModelConfig.FromString(copied.SerializeToString()) == message
+
+
+def test_batch_invariant_is_a_model_parameter() -> None:
+    """Triton's ``parameters`` map carries ``batch_invariant``: "rows" or "pad", "off" or
+    absent for off; written back, and refused where it cannot act, on its line."""
+    base = EXPORTED.to_pbtxt()
+    assert load_model_config(base).batch_invariant == ""
+
+    def given(value: str) -> str:
+        return f'parameters {{ key: "batch_invariant" value {{ string_value: "{value}" }} }}\n'
+
+    for value, read in (("rows", "rows"), ("pad", "pad"), ("off", "")):
+        config = load_model_config(base + given(value))
+        assert config.batch_invariant == read and config.unhonoured == ()
+        assert load_model_config(config.to_pbtxt()) == config
+    other = 'parameters { key: "k" value { string_value: "v" } }\n'
+    assert load_model_config(base + given("pad") + other).unhonoured == ("parameters.k",)
+    lines = base.count("\n") + 1
+    with pytest.raises(ConfigParseError, match=rf":{lines}: .*'yes' is not one of off, rows, pad"):
+        load_model_config(base + given("yes"))
+    with pytest.raises(ConfigParseError, match=r"batch_invariant needs max_batch_size >= 1"):
+        load_model_config('name: "m"\n' + given("rows"))
+    ensemble = 'name: "e"\nplatform: "ensemble"\nmax_batch_size: 4\n'
+    with pytest.raises(ConfigParseError, match=r"an ensemble runs nothing itself"):
+        load_model_config(ensemble + given("pad"))

@@ -128,3 +128,52 @@ def test_a_second_runtime_serves_behind_the_interface(model_repository: Path) ->
         assert all(s.closed for s in runtime.opened.values())  # every version released
 
     asyncio.run(main())
+
+
+def _invariant(repo: Path, model_repository: Path, text: str) -> Path:
+    """``digits-mlp`` copied into ``repo``, ``text`` added to its config.pbtxt."""
+    shutil.copytree(model_repository / "digits-mlp", repo / "digits-mlp")
+    config = repo / "digits-mlp" / "config.pbtxt"
+    config.write_text(config.read_text() + text)
+    return repo
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("", 0),
+        ('parameters { key: "batch_invariant" value { string_value: "off" } }', 0),
+        ('parameters { key: "batch_invariant" value { string_value: "rows" } }', 1),
+        ('parameters { key: "batch_invariant" value { string_value: "pad" } }', 256),
+        # CUDA graphs are captured at fixed sizes: pad to the largest (on the CPU, unused).
+        ('parameters { key: "batch_invariant" value { string_value: "pad" } }\n'
+         "optimization { cuda { graphs: true graph_spec [ { batch_size: 1 }, { batch_size: 4 } ] }"
+         " }", 4),
+    ],
+)  # fmt: skip
+def test_batch_invariant_runs_each_slice_at_one_size(
+    tmp_path: Path, model_repository: Path, text: str, size: int
+) -> None:
+    """Every run the session sees has ``run_size`` rows (the last slice padded with copies of
+    its last row); the rows' answers are the unpadded run's, and each row's bits are those it
+    has in a batch of one, wherever it sits."""
+    model = load_model(_invariant(tmp_path, model_repository, text), "digits-mlp", warmup=0)
+    assert model.run_size == size
+    seen: list[int] = []
+    run = model.session.run
+
+    def watched(names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        seen.append(len(feed["input"]))
+        return run(names, feed)
+
+    model.session.run = watched  # type: ignore[method-assign,assignment]
+    rows = DIGITS[:10]
+    got = model.infer({"input": rows})
+    plain = dict(zip(model.output_names, run(model.output_names, {"input": rows}), strict=True))
+    for name, values in got.items():
+        assert values.shape == plain[name].shape
+        np.testing.assert_allclose(values, plain[name], rtol=1e-5, atol=1e-6)
+    assert seen == ([size] * -(-10 // size) if size else [10])
+    for i in (0, 4, 9):  # first, a slice's first, the padded slice's last
+        alone = model.infer({"input": rows[i : i + 1]}, ["logits"])["logits"]
+        assert alone.tobytes() == got["logits"][i : i + 1].tobytes(), i

@@ -337,7 +337,7 @@ async def test_fields_read_but_not_honoured_are_named(settings_factory, repo: Pa
     )
     core = await started(settings_factory, repo, inline_max_us=0)
     try:
-        assert "digits-mlp/config.pbtxt: optimization, parameters read but not honoured" in (
+        assert "digits-mlp/config.pbtxt: optimization, parameters.x read but not honoured" in (
             caplog.text
         )
         assert core.repository is not None
