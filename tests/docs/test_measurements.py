@@ -3,6 +3,7 @@ of the raw runs in runs/."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from bench import compare, gpu_summary, pairs
@@ -59,3 +60,48 @@ def test_the_gpu_figures_quoted_are_the_runs() -> None:
         text = " ".join(page.read_text().split())
         assert f"{graphs} of the plain" in text, page
         assert f"{wide[0]} times faster" in text, page
+
+
+TIMES = "\u00d7"  # the multiplication sign serving.md's ratios carry
+
+
+def _tables(text: str) -> list[list[str]]:
+    """The Markdown table rows of ``text`` below their headers, as their cells."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|")]  # fmt: skip
+    return [
+        r
+        for i, r in enumerate(rows)
+        if r[0] != "---" and (i + 1 == len(rows) or rows[i + 1][0] != "---")
+    ]
+
+
+def test_the_invariance_figures_quoted_are_the_runs() -> None:
+    """docs/measurements/invariance-2026-11-28.md and docs/serving.md quote what
+    ``bench.invariance`` printed: the sweeps summed per model, the cost tables as printed."""
+    folder = ROOT / "runs/invariance-2026-11-28"
+    page = (ROOT / "docs/measurements/invariance-2026-11-28.md").read_text()
+    serving = " ".join((ROOT / "docs/serving.md").read_text().split())
+    lines = _tables((folder / "sweep.txt").read_text())
+    for model in sorted({r[0] for r in lines}):
+        own = [r for r in lines if r[0] == model]
+        compared, differ = sum(int(r[4]) for r in own), sum(int(r[5]) for r in own)
+        worst = max(int(r[6]) for r in own)
+        assert f"| {model} | {len(own)} | {compared:,} | {differ} | {worst} |" in page
+    odd = _tables((folder / "odd-widths.txt").read_text())
+    assert len(odd) == 36 and {(r[4], r[5], r[6]) for r in odd} == {("32896", "0", "0")}
+    cost = (folder / "cost.txt").read_text()
+    served = re.findall(r"\n(digits-[a-z-]+), 64 clients.*?\n\n((?:\|.*\n)+)", cost)
+    assert [head for head, _ in served] == ["digits-mlp", "digits-autoencoder"]
+    for head, table in served:
+        rates = {r[0]: r[1:] for r in _tables(table)}
+        rate, rows, pad = int(rates["off"][0]), rates["rows"][1], rates["pad"][1]
+        assert f"| {head} | {rate:,} | {rows} | {pad} |" in page
+        assert f"{rate:,} | {rows} {TIMES} | {pad} {TIMES}" in serving
+    runs = [r for r in _tables(cost) if r[0].isdigit()]
+    assert [r[0] for r in runs] == ["1", "8", "64", "256"]
+    for size, off, rows, pad in runs:
+        assert f"| {size} | {off} | {rows} | {pad} |" in page
+        if size != "8":
+            shown = f"{float(pad):.1f}" if size == "1" else pad
+            assert f"{float(off):,.1f} | {rows} {TIMES} | {shown} {TIMES}" in serving, size
