@@ -51,17 +51,23 @@ def test_the_sweep_finds_rows_that_follow_their_batch(tmp_path: Path) -> None:
     assert apart.rows == 2 * sum(range(1, 9)) and apart.differing == 0
 
 
-@pytest.mark.parametrize("command", ["sweep", "cost"])
+@pytest.mark.parametrize("command", ["sweep", "cost", "served"])
 def test_the_commands_print_their_tables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
     write_model(tmp_path, "m", 1, max_batch_size=4)
-    extra = ["--threads", "1", "--trials", "1"] if command == "sweep" else [
-        "--model", "m", "--sizes", "1,3", "--runs", "2", "--repeats", "1"]  # fmt: skip
+    extra = {
+        "sweep": ["--threads", "1", "--trials", "1"],
+        "cost": ["--model", "m", "--sizes", "1,3", "--runs", "2", "--repeats", "1"],
+        "served": ["--model", "m", "--clients", "4", "--seconds", "0.2", "--repeats", "1"],
+    }[command]
     main([command, "--repository", str(tmp_path), *extra])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     if command == "sweep":  # the service's options, two other levels, parallel mode
         assert len(rows) == 1 + 4 and all(r.endswith("| 10 | 0 | 0 |") for r in rows[1:])
-    else:
+    elif command == "cost":
         assert [r.split(" | ")[0] for r in rows[1:]] == ["| 1", "| 3"]
         assert all(float(r.split(" | ")[2]) > 0 for r in rows[1:])
+    else:  # each mode answered requests, off the ratios' base
+        assert [r.split(" | ")[0] for r in rows[1:]] == ["| off", "| rows", "| pad"]
+        assert rows[1].endswith("| 1.00 |") and all(float(r.split(" | ")[1]) > 0 for r in rows[1:])

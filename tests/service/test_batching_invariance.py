@@ -262,7 +262,7 @@ async def test_batch_invariant_holds_on_cuda(
     for batches gathered from 64 clients and for requests of any number of rows."""
     repository = _repository(tmp_path, invariant)
     core = await started(
-        settings_factory, repository, providers=["cuda"], strict_providers=True,
+        settings_factory, repository, providers=["cuda", "cpu"], strict_providers=True,
         compile_activations=False,
     )  # fmt: skip
     try:
