@@ -114,7 +114,8 @@ class DataPlane:
             settings.intra_op_threads,
         )
         self._draining = False
-        self._drain_listeners: list[Callable[[], object]] = []
+        self._readiness_listeners: list[Callable[[bool], object]] = []
+        self._was_ready = False  # what the listeners were last told
         self._codec_threads: anyio.CapacityLimiter | None = None
         self.on_demand: OnDemand | None = None  # GELU_MODEL_CONTROL_MODE=on_demand's loads
         self.logs = LOGS  # the logging extension: the process's, configured as the app starts
@@ -153,6 +154,8 @@ class DataPlane:
             names = settings.load_models
         elif settings.model_control_mode == "on_demand":
             names = settings.pinned_models  # the rest at their first request
+        repository.require(names)  # ready once each serves (docs/serving.md, "Readiness")
+        repository.on_change(self._readiness_may_change)
         for name in names:
             try:
                 # Refusing to start, the refusal is the one line that says why.
@@ -179,12 +182,9 @@ class DataPlane:
         # collections under load scan only the requests' own objects (shorter GC pauses).
         gc.collect()
         gc.freeze()
-        logger.info(
-            "ready: %d model version(s) from %s, model control mode %s",
-            len(repository.all()),
-            root,
-            settings.model_control_mode,
-        )
+        self._readiness_may_change()
+        if repository.missing():
+            self._log_missing()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[DataPlane]:
@@ -205,6 +205,7 @@ class DataPlane:
         self.activations.stop()
         self.on_demand = None
         repository, self.repository = self.repository, None
+        self._readiness_may_change()
         if repository is not None:
             await repository.stop()
         tracing, self.tracing = self.tracing, None
@@ -214,17 +215,72 @@ class DataPlane:
     def drain(self) -> None:
         """Report not ready from now on (the service is stopping), while still serving."""
         self._draining = True
-        for listener in self._drain_listeners:
-            listener()
+        self._readiness_may_change()
 
-    def on_drain(self, listener: Callable[[], object]) -> None:
-        """Call ``listener`` when the core starts draining (a face's own readiness)."""
-        self._drain_listeners.append(listener)
+    def on_readiness(self, listener: Callable[[bool], object]) -> None:
+        """Call ``listener`` with the readiness each time it changes (a face's own readiness,
+        gRPC health's), on the event loop."""
+        self._readiness_listeners.append(listener)
 
     @property
     def ready(self) -> bool:
-        """True between a successful ``start()`` and ``stop()``, unless draining."""
-        return self.activations.started and not self._draining
+        """Whether the service should be sent traffic: started, not draining, and every model
+        the control mode names at start (on_demand: the pinned ones) serving, less any
+        unloaded on purpose since. Loads, unloads and evictions of other models never change
+        it, and a model loading again keeps its old versions serving until the new set takes
+        over (Triton flips not ready while any model loads: server#7014)."""
+        repository = self.repository
+        return (
+            self.activations.started
+            and not self._draining
+            and repository is not None
+            and not repository.missing()
+        )
+
+    def _readiness_may_change(self) -> None:
+        ready = self.ready
+        if ready == self._was_ready:
+            return
+        self._was_ready = ready
+        if ready:
+            assert self.repository is not None
+            logger.info(
+                "ready: %d model version(s) from %s, model control mode %s",
+                len(self.repository.all()),
+                self.settings.model_repository,
+                self.settings.model_control_mode,
+            )
+        elif self.repository is not None and not self._draining:
+            self._log_missing()
+        for listener in self._readiness_listeners:
+            listener(ready)
+
+    def _log_missing(self) -> None:
+        assert self.repository is not None
+        missing = ", ".join(self.repository.missing())
+        logger.warning("not ready: %s must serve (GELU_MODEL_CONTROL_MODE's models) and "
+                       "does not", missing)  # fmt: skip
+
+    async def check_model_ready(self, name: str, version: str | None = None) -> None:
+        """Return when ``name`` (its latest version, or ``version``) is ready to serve;
+        ``NotReadyError`` (503) when the repository holds the model but it is not ready (not
+        loaded yet, unloaded, evicted, failed to load, or the service draining);
+        ``NotFoundError`` (404) when the repository holds no such model (or the model serves
+        and never had that version). The reason names nothing but what was asked (issue 62,
+        item 9: a client that may only probe health learns no other model's name)."""
+        repository = self.started_repository()
+        what = f"model {name!r}" if version is None else f"version {version!r} of model {name!r}"
+        try:
+            repository.get(name, version)
+        except NotFoundError:
+            if name in repository.names():
+                if version is None or not repository.tried(name, version):
+                    raise  # the model serves, and never had that version
+            else:
+                await repository.check_name(name)  # 404 for a model the repository lacks
+            raise NotReadyError(f"{what} is not ready: it is not loaded") from None
+        if self._draining:
+            raise NotReadyError(f"{what} is not ready: the service is stopping")
 
     # ---- models --------------------------------------------------------------------------------
 

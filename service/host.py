@@ -138,7 +138,7 @@ class Host:
         GELU_DRAIN_SECONDS unless hurried; then both faces stop, side by side."""
         await self._stopping.wait()
         settings = self.settings
-        self.core.drain()  # HTTP readiness 503, gRPC health NOT_SERVING (``on_drain``)
+        self.core.drain()  # HTTP readiness 503, gRPC health NOT_SERVING (``on_readiness``)
         if settings.drain_seconds and http.started and not self._hurry.is_set():
             logger.info("SIGTERM: not ready; draining for %g s", settings.drain_seconds)
             with contextlib.suppress(TimeoutError):

@@ -42,7 +42,6 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
-    NotFoundError,
     NotReadyError,
     PayloadTooLargeError,
     ServiceError,
@@ -465,10 +464,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.plane.ready)
 
     async def _ModelReady(self, request: Any, call: Call) -> pb.ModelReadyResponse:
-        # As Triton's gRPC face: an unknown or unready model is ready=false, not an error.
+        # A model the repository holds but is not ready is ready=false; one it does not hold
+        # is NOT_FOUND (Triton answers ready=false to both: an evicted model looked deleted).
         try:
-            self.plane.model(request.name, request.version or None)
-        except (NotFoundError, NotReadyError):
+            await self.plane.check_model_ready(request.name, request.version or None)
+        except NotReadyError:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
@@ -887,18 +887,19 @@ class GrpcServer:
             raise StartupError(f"gRPC: cannot bind {address} (GELU_GRPC_PORT): {exc}") from None
 
     async def start(self) -> None:
-        """Serve, reporting SERVING for the server and the inference service (NOT_SERVING
-        from the moment the core drains)."""
+        """Serve, reporting the core's readiness to health checks for the server and the
+        inference service: SERVING while ready, NOT_SERVING otherwise (from the moment the
+        core drains, say)."""
         await self._server.start()
-        await self.set_serving(True)
+        await self.set_serving(self.plane.ready)
         loop = asyncio.get_running_loop()
-        self.plane.on_drain(
-            lambda: loop.call_soon_threadsafe(loop.create_task, self.set_serving(False))
+        self.plane.on_readiness(
+            lambda ready: loop.call_soon_threadsafe(loop.create_task, self.set_serving(ready))
         )
         logger.info("gRPC: %s on %s", SERVICE, self.address)
 
     async def set_serving(self, serving: bool) -> None:
-        """What gRPC health checks report (NOT_SERVING while draining)."""
+        """What gRPC health checks report (NOT_SERVING while not ready)."""
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving

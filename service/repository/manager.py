@@ -123,6 +123,10 @@ class ModelRepository:
         self._poller: asyncio.Task[None] | None = None
         self._retire_listeners: list[Callable[[Model], object]] = []
         self._idle_listeners: list[Callable[[], object]] = []
+        self._change_listeners: list[Callable[[], object]] = []
+        # The models the service must serve to be ready (``require``): those configured at
+        # start, less each unloaded since (by the API, or by the poller as it left the root).
+        self._required: set[str] = set()
         # The root as messages may spell it, longest first: refusals name files from it.
         spellings = {str(self.root), str(self.root.resolve())}
         self._roots = sorted(spellings, key=len, reverse=True)
@@ -162,6 +166,27 @@ class ModelRepository:
                 f"unknown version {version!r} of model {name!r}; available: {', '.join(versions)}"
             )
         return served
+
+    def require(self, names: list[str]) -> None:
+        """The models the service must serve to be ready: the control mode's at start."""
+        self._required = set(names)
+
+    def missing(self) -> list[str]:
+        """The models the service must serve and does not (none: it can serve what it must)."""
+        return sorted(name for name in self._required if name not in self._serving)
+
+    def tried(self, name: str, version: str) -> bool:
+        """Whether ``version`` of ``name`` has served, or failed to load, since start."""
+        return version in self._states.get(name, {})
+
+    def on_change(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` whenever the models serving may have changed (a load's new set,
+        an unload)."""
+        self._change_listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._change_listeners:
+            listener()
 
     def all(self) -> list[Served]:
         """Every serving version."""
@@ -479,6 +504,10 @@ class ModelRepository:
         if serving or name not in self._states:  # a second unload keeps the first's reason
             states = self._states.get(name, {})
             self._states[name] = {v: VersionState(UNAVAILABLE, reason) for v in states}
+        # Unloaded on purpose (on_demand never unloads a pinned model to make room): no longer
+        # a model the service must serve to be ready, as Triton's strict readiness skips one.
+        self._required.discard(name)
+        self._changed()
         return bool(serving)
 
     def _swap(self, name: str, serving: dict[str, Served]) -> None:
@@ -496,6 +525,7 @@ class ModelRepository:
             if serving.get(version) is not served:
                 self._retire(served)
                 logger.info("%s/%s retired: finishing its requests", name, version)
+        self._changed()
 
     def _fail(self, name: str, failures: dict[str, str], log: bool = True) -> None:
         """Each failure in the index (by version; "" for the model as a whole) and as one log

@@ -97,5 +97,6 @@ async def describe_model(name: str, request: Request) -> Response:
     """One model: versions, labels, input shape, normalisation, providers, metrics."""
     if name.endswith(PREDICT_VERB):  # the predict route's path, with the wrong method
         raise MethodNotAllowedError(f"{request.method} is not allowed on {PREDICT_VERB}", "POST")
-    info = get_plane(request).model_info(name)
-    return Response(codecs.dumps(summary(info)), media_type=codecs.JSON)
+    plane = get_plane(request)
+    await plane.check_model_ready(name)  # KServe V1's model readiness: 404 unknown, 503 not ready
+    return Response(codecs.dumps(summary(plane.model_info(name))), media_type=codecs.JSON)

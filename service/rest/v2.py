@@ -101,7 +101,8 @@ async def live() -> Response:
     responses={**responses(), 503: {"model": ReadyResponse, "description": "not ready"}},
 )
 async def ready(request: Request) -> Response:
-    """200 when every model is loaded and warmed up, else 503."""
+    """200 when the models the control mode names serve and the service is not draining, else
+    503 (docs/serving.md, "Readiness")."""
     is_ready = get_plane(request).ready
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
@@ -130,8 +131,9 @@ async def model_metadata(request: Request, name: str, version: str | None = None
 
 
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-    """200 when the model (its latest version unless one is named) is ready."""
-    get_plane(request).model(name, version)  # 404 unknown, 503 not ready
+    """200 when the model (its latest version unless one is named) is ready; 503 when the
+    repository holds it but it is not (not loaded, evicted, draining); 404 when it holds none."""
+    await get_plane(request).check_model_ready(name, version)
     return _json({"name": name, "ready": True})
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.onnx_models import write_model
-from tests.servers import get, running, wait_until
+from tests.servers import get, probed, running, wait_until
 
 pytestmark = pytest.mark.slow  # real server processes
 
@@ -184,8 +184,13 @@ def test_the_poller_outlives_a_bad_config(tmp_path: Path) -> None:
     gamma.write_text(gamma.read_text() + 'max_batch_size: "x"\n')  # broken from the start
     env = {"GELU_MODEL_CONTROL_MODE": "poll", "GELU_REPOSITORY_POLL_SECONDS": "0.2",
            "GELU_EXIT_ON_ERROR": "false"}  # fmt: skip
-    with running(root, **env) as (port, process):
+
+    def live(port: int) -> int:  # not ready while gamma, configured, does not serve
+        return get(port, "/v2/health/live")[0]
+
+    with probed(root, live, env) as (port, process):
         assert get(port, "/v2/models/alpha/ready")[0] == 200
+        assert get(port, "/v2/health/ready")[0] == 503  # gamma, configured, does not serve
         alpha = root / "alpha" / "config.pbtxt"
         alpha.write_text(alpha.read_text() + 'max_batch_size: "x"\n')
         (root / "gamma" / "config.pbtxt").write_bytes(b"\xff\xfe\x00 not text")

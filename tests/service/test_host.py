@@ -164,7 +164,7 @@ def test_model_control_on_one_face_is_seen_by_the_other(repository: Path) -> Non
         assert status == 200
         assert stub.ModelReady(pb.ModelReadyRequest(name="fixed-mlp")).ready
         stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="fixed-mlp"))
-        assert get(served.http_port, "/v2/models/fixed-mlp/ready")[0] == 404  # unloaded
+        assert get(served.http_port, "/v2/models/fixed-mlp/ready")[0] == 503  # not loaded
     finally:
         served.stop(signal.SIGINT)
 

@@ -299,7 +299,8 @@ def test_tritonclient_every_method(server: ServedFaces) -> None:
     client = grpcclient.InferenceServerClient(server.address)
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("digits-mlp") and client.is_model_ready("digits-mlp", "1")
-    assert not client.is_model_ready("nope")
+    with pytest.raises(InferenceServerException, match="NOT_FOUND"):
+        client.is_model_ready("nope")  # not in the repository: NOT_FOUND, not ready=false
     metadata = client.get_server_metadata(as_json=True)
     assert metadata["name"] == "gelu-serve" and "classification" in metadata["extensions"]
     model = client.get_model_metadata("digits-mlp", as_json=True)

@@ -24,7 +24,7 @@ def test_list_models(client) -> None:
 def test_describe_model(client) -> None:
     body = client.get("/v1/models/digits-autoencoder").json()
     assert body["task"] == "reconstruction" and body["ready"] is True
-    assert_error(client.get("/v1/models/nope"), 404, "unknown model 'nope'")
+    assert_error(client.get("/v1/models/nope"), 404, "no model 'nope'")
 
 
 def test_predict_classifier_matches_onnxruntime(client, model_repository) -> None:

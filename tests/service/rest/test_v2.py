@@ -181,7 +181,11 @@ def test_explicit_mode_over_http(explicit: TestClient) -> None:
     response = explicit.post("/v2/repository/models/digits-mlp/unload", json=no_dependents)
     assert response.status_code == 200
     assert predict(explicit, "digits-mlp") == 404
-    assert explicit.get("/v2/models/digits-mlp/ready").status_code == 404
+    # Unloaded, still in the repository: not ready (503), not unknown (404); and the server,
+    # whose operator unloaded it, is still ready.
+    assert_error(explicit.get("/v2/models/digits-mlp/ready"), 503, "'digits-mlp' is not ready")
+    assert_error(explicit.get("/v2/models/nope/ready"), 404, "no model 'nope'")
+    assert explicit.get("/v2/health/ready").status_code == 200
     assert_error(explicit.post("/v2/repository/models/nope/load"), 404, "no model 'nope'")
     assert_error(explicit.post("/v2/repository/models/nope/unload"), 404, "no model 'nope'")
     assert_error(explicit.post("/v2/repository/models/.staging/load"), 404, "no model")
