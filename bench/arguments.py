@@ -79,8 +79,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
-        help="rounds measuring the choice against the model's own, interleaved; 0: none (3)",
+        default=5,
+        help="rounds measuring the choice against the model's own, interleaved; 0: none (5)",
     )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the own (1)")
     parser.add_argument("--repository", default="model_repository", help="model repository")

@@ -151,6 +151,8 @@ def test_confirm_keeps_a_choice_only_faster_and_within_budget_again() -> None:
     ratio = chosen.readings[0].rps / own.readings[0].rps
     assert verdict.keep and verdict.ratios[16] == pytest.approx((ratio, ratio, ratio))
     assert not confirm([(chosen, own)] * 3, 1000).keep  # slower when measured again
+    # faster by the median, but one round of three slower: the interval reaches below 1
+    assert not confirm([(own, chosen), (own, chosen), (chosen, own)], 1000).keep
     assert not confirm(rounds, budget_ms=chosen.p99_ms - 1).keep  # over budget again
 
 
