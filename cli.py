@@ -1,4 +1,4 @@
-"""gelu-serve's command line: ``gelu-serve {train,export,models,paper,serve,bench} --help``.
+"""gelu-serve's command line: ``gelu-serve {train,export,models,paper,serve,bench,tune} --help``.
 
 Options are declared in light modules (no torch, onnx or web stack) and each subcommand's
 implementation is imported only when it runs, so ``serve`` works in a serving-only install (no
@@ -147,6 +147,12 @@ SUBCOMMANDS = {
         "benchmark the inference path against the HTTP and compute floors",
         "bench.arguments:add_arguments",
         "bench.command:report",
+    ),
+    "tune": Subcommand(
+        "search one model's batching, instances and threads; write the best config.pbtxt "
+        "within a p99 budget beside its own",
+        "bench.arguments:add_tune_arguments",
+        "bench.tune:run",
     ),
 }
 

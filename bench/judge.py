@@ -24,6 +24,7 @@ from bench.results import (
     TWO_WORKERS,
     TWO_WORKERS_OFF,
     Results,
+    priority_scenario,
 )
 from bench.speed import apart
 
@@ -47,6 +48,11 @@ TARGET_ACTIVATION_RATIO = 0.8  # 1e6 float32 binary against the 4 MB echo, c=1 a
 
 
 TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process each
+
+
+# Issue 64's: under overload, priority 1's p99 on the model with two levels against the same
+# clients' on one queue (tests/service/test_batching_policy.py asserts the same bound).
+TARGET_PRIORITY_TAIL = 2 / 3
 
 
 HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
@@ -135,6 +141,7 @@ def targets(results: Results, large: str) -> list[Target]:
     judge.peers_and_grpc()
     judge.large_model(large)
     judge.activations()
+    judge.priority()
     judge.errors()
     return judge.rows
 
@@ -410,6 +417,41 @@ class Judge:
                         unit=megabytes,
                         units="MB/s",
                     )
+
+    def priority(self) -> None:
+        """Priority levels under overload (``bench.priority``): the higher level's p99 against
+        the same clients' on one queue, driven at once, while the lower level is refused."""
+        rows = self.results.priority
+        if not rows:
+            return
+        beside = max(r["concurrency"] for r in rows)  # the lower-level clients of the overload
+
+        def point(model: str, level: str, low: int = beside) -> dict[str, Any]:
+            return self.results.find(rows, priority_scenario(model, level), low)
+
+        ranked, plain = point("ranked", "high"), point("plain", "high")
+        self.compare(
+            f"priority 1 beside {beside} clients at priority 2: its p99 with two levels <= "
+            f"{TARGET_PRIORITY_TAIL:.0%} of the same clients' on one queue",
+            ranked, plain, TARGET_PRIORITY_TAIL, share=True, units="ms", spec=".1f",
+            measure="p99_ms", at_most=True,
+        )  # fmt: skip
+        self.compare(
+            f"priority 1 beside {beside} clients at priority 2, with two levels: its p99 against "
+            "its own alone (no target: what the overload costs the higher level)",
+            ranked, point("ranked", "high", 0), 0.0, units="ms", spec=".1f", measure="p99_ms",
+        )  # fmt: skip
+        low, plain_low = point("ranked", "low"), point("plain", "low")
+        if low and plain_low:
+            refused = low.get("rounds_refused_per_s", [low["refused_per_s"]])
+            shown = " / ".join(f"{r:.0f}" for r in refused)
+            self.rows.append((
+                "priority 2's surplus refused at once with two levels, in every pass (none on "
+                "one queue)",
+                f"{shown} refused/s by pass, {low['rps']:.0f} answered/s; one queue "
+                f"{plain_low['refused_per_s']:.0f} refused/s",
+                all(r > 0 for r in refused) and plain_low["refused_per_s"] == 0,
+            ))  # fmt: skip
 
     def errors(self) -> None:
         """No errors, but the peers' (shown)."""

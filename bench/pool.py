@@ -79,6 +79,7 @@ def pool(runs: list[Results]) -> Results:
         },
         http=pool_rows([run.http for run in runs]),
         activations=pool_rows([run.activations for run in runs]),
+        priority=pool_rows([run.priority for run in runs]),
         instructions={
             state: statistics.fmean(count[state] for count in counts) for state in counts[0]
         }

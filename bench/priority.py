@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -32,6 +33,7 @@ from contract.names import CONFIG_FILENAME, MODEL_FILENAME, OPSET
 
 CAP = 8  # the lower level's max_queue_size
 BACKOFF = 0.02  # seconds a refused client waits before its next request
+HIGH, LOW = 2, 32  # clients at priority 1, and beside them at priority 2
 WIDTH, DEPTH, MAX_BATCH = 1024, 48, 4  # about 10 ms a batch of 4 on one core of this host
 RANKED = f"""priority_levels: 2
   default_priority_level: 2
@@ -139,14 +141,32 @@ def overload(port: int, high: int, low: int, seconds: float) -> dict[str, dict[s
     return answers
 
 
+def bench_rows(
+    answers: dict[str, dict[str, Level]], low: int, seconds: float, server_pid: int
+) -> list[dict[str, Any]]:
+    """``overload``'s answers as ``make bench`` records points (``bench.results``): a row per
+    model and level, answered requests/s as its ``rps``, refused ones apart (a refusal is the
+    policy at work, not an error), and ``low``, the lower-level clients beside, as its
+    concurrency."""
+    from bench.results import priority_scenario
+
+    return [
+        {"scenario": priority_scenario(model, level), "concurrency": low,
+         "rps": got.answered / seconds, "refused_per_s": got.refused / seconds,
+         "p50_ms": got.p50_ms, "p99_ms": got.p99_ms, "errors": 0, "server_pid": server_pid}
+        for model, levels in answers.items()
+        for level, got in levels.items()
+    ]  # fmt: skip
+
+
 def main() -> None:
     """Both models, each alone then under overload, as the module says."""
     from bench.launch import SERVICE_APP, server
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--high", type=int, default=2)
-    parser.add_argument("--low", type=int, default=32)
+    parser.add_argument("--high", type=int, default=HIGH)
+    parser.add_argument("--low", type=int, default=LOW)
     parser.add_argument("--server-cpus", default="0,1", help="taskset's list for the server")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gelu-priority-") as scratch:

@@ -60,6 +60,13 @@ CACHE_HIT = "v1 predict, response cache hit"
 CACHE_MISS = "v1 predict, response cache miss (unique inputs)"
 
 
+def priority_scenario(model: str, level: str) -> str:
+    """A row of ``bench.priority``'s overload: one level's clients (``high``, priority 1;
+    ``low``, priority 2) on one of its models (``ranked``, two levels; ``plain``, one queue).
+    Its "concurrency" is the number of lower-level clients driven beside (0: the higher alone)."""
+    return f"priority {level} clients, {model} model"
+
+
 @dataclass
 class Results:
     """Everything one run measured, as written to benchmarks.json."""
@@ -72,6 +79,7 @@ class Results:
     kernels: dict[str, float] = field(default_factory=dict)  # ms per activation call, in process
     instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
     gpu: dict[str, Any] = field(default_factory=dict)  # bench.gpu: CPU against CUDA, or why not
+    priority: list[dict[str, Any]] = field(default_factory=list)  # bench.priority's, per level
 
     def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
         """The row of ``scenario`` at ``concurrency``; empty when it was not measured."""

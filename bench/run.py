@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> Results:
         bench.one_core_passes()
         if not args.smoke:  # two processes and wrk, all free to use every core
             bench.worker_passes()
+    bench.priority_passes()
     bench.in_process()
     return bench.results
 
@@ -371,12 +372,40 @@ class Run:
                 for name, target, request, pin in drive_order(twins, round_index, self.args.rounds):
                     self.point(name, target, request, top, self.results.http, pin=pin)
 
+    def priority_passes(self) -> None:
+        """Priority levels under overload (``bench.priority``): in each pass (one in a smoke
+        run) a new server of its two models, driven by its higher-level clients alone, then
+        beside its lower-level ones; both models at once, so their ratio meets one machine."""
+        from bench.priority import HIGH, LOW, bench_rows, overload, write_models
+
+        root = Path(self.scratch.name) / "priority"
+        write_models(root)
+        env = {**self.base_env, "GELU_MODEL_REPOSITORY": str(root), "GELU_INLINE_MAX_US": "0",
+               "GELU_INTRA_OP_THREADS": "1"}  # fmt: skip
+        seconds = self.args.seconds
+        for _ in range(1 if self.args.smoke else self.args.rounds):
+            with server(SERVICE_APP, env, 1, self.args.server_cpus, "/v2/health/ready") as target:
+                port = int(target.url.rsplit(":", 1)[1])
+                for low in (0, LOW):
+                    rows = bench_rows(overload(port, HIGH, low, seconds), low, seconds, target.pid)
+                    self.results.priority += rows
+                    for row in rows:
+                        print(f"{row['scenario']:42s} beside {low:<3d} {row['rps']:7.0f} req/s  "
+                              f"refused {row['refused_per_s']:5.0f}/s  p50 {row['p50_ms']:6.1f} ms"
+                              f"  p99 {row['p99_ms']:6.1f} ms", flush=True)  # fmt: skip
+
     def in_process(self) -> None:
         """The rounds' medians, then what is measured in this process: the compute floor, the
         core's stages, the activation kernels and (under valgrind) instructions per request."""
         args, results, repository = self.args, self.results, self.repository
         results.http = median_rounds(results.http)
         results.activations = median_rounds(results.activations)
+        passes, results.priority = results.priority, median_rounds(results.priority)
+        for row in results.priority:  # the refusals of every pass, beside the answers'
+            row["rounds_refused_per_s"] = [
+                r["refused_per_s"] for r in passes
+                if (r["scenario"], r["concurrency"]) == (row["scenario"], row["concurrency"])
+            ]  # fmt: skip
         order = {name: i for i, (name, _, _) in enumerate(self.scenarios)}
         results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
         results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)

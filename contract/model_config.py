@@ -404,7 +404,13 @@ class ModelConfig:
     def to_pbtxt(self) -> str:
         """The config.pbtxt text: Triton's message in protobuf's text format, laid out as
         Triton's examples are (a short message on one line, lists in brackets)."""
-        return "".join(f"{line}\n" for line in _lines(self.to_message(), 0))
+        return message_pbtxt(self.to_message())
+
+
+def message_pbtxt(message: triton.ModelConfig) -> str:
+    """Any Triton ``ModelConfig`` message as config.pbtxt text, laid out as ``to_pbtxt``'s:
+    for a file read with ``parse_config`` and changed, every field it held kept."""
+    return "".join(f"{line}\n" for line in _lines(message, 0))
 
 
 def derive_model_config(

@@ -30,6 +30,7 @@ OPTIONS = {
     "serve": "--workers",
     "health": "--path",
     "bench": "--concurrency",
+    "tune": "--p99-budget-ms",
 }
 RUN_CLI = "import cli; cli.main(sys.argv[1:])"
 NO_TORCH = f"import sys; sys.modules['torch'] = None; {RUN_CLI}"
@@ -70,7 +71,7 @@ def test_every_subcommand_has_help_without_torch(command: str) -> None:
 def test_no_subcommand_prints_usage_listing_every_subcommand() -> None:
     result = gelu_serve()
     assert result.returncode == 2
-    assert "{train,export,models,paper,serve,health,bench}" in result.stdout
+    assert "{train,export,models,paper,serve,health,bench,tune}" in result.stdout
     assert set(OPTIONS) == set(SUBCOMMANDS)
 
 
@@ -94,6 +95,7 @@ def _one_error_line(result: subprocess.CompletedProcess[str], needle: str) -> No
         (("train",), "the following arguments are required: --out"),
         (("paper", "--activations", "gelu,swish"), "unknown activation 'swish'; choose one of"),
         (("paper", "--lr-epochs", "0"), "--lr-epochs: must be at least 1"),
+        (("tune", "digits-mlp"), "the following arguments are required: --p99-budget-ms"),
     ],
 )
 def test_mistaken_options_are_refused_before_anything_heavy_is_imported(

@@ -11,6 +11,7 @@ from bench.results import (
     TWO_WORKERS,
     TWO_WORKERS_OFF,
     Results,
+    priority_scenario,
 )
 
 
@@ -158,3 +159,38 @@ def test_only_successful_answers_count() -> None:
         False,
     )
     assert measured["zero errors (every round of every point but the peers')"][1] is False
+
+
+def test_priority_under_overload_is_judged_within_each_pass() -> None:
+    """The higher level's p99 with two levels against the same clients' on one queue, pass by
+    pass (driven at once, one server), met when the whole interval is under two thirds; the
+    lower level's refusals a row of their own, met only when refused in every pass."""
+
+    def point(model: str, level: str, low: int, p99: list[float], refused: float = 0) -> dict:
+        return {"scenario": priority_scenario(model, level), "concurrency": low,
+                "rps": 100.0, "p99_ms": sorted(p99)[1], "rounds_p99_ms": p99, "errors": 0,
+                "refused_per_s": refused, "rounds_refused_per_s": [refused] * 3}  # fmt: skip
+
+    results = Results(
+        environment={},
+        http=[{"scenario": "naive app", "concurrency": 1, "errors": 0}],
+        priority=[point("ranked", "high", 0, [50, 60, 55]),
+                  point("ranked", "high", 32, [90, 100, 120]),
+                  point("plain", "high", 32, [300, 320, 400]),
+                  point("ranked", "low", 32, [200, 210, 220], refused=800),
+                  point("plain", "low", 32, [300, 330, 400])],
+    )  # fmt: skip
+    rows = {target: (shown, met) for target, shown, met in targets(results, "large")}
+    tail = next(r for r in rows if r.startswith("priority 1 beside 32 clients at priority 2: its"))
+    assert rows[tail] == (
+        "30% [95 % 30%-31%] (100.0 / 320.0 ms; by round 30% / 31% / 30%)", True
+    )  # fmt: skip
+    alone = next(r for r in rows if "against its own alone" in r)
+    assert rows[alone][0].startswith("1.80x ")  # 90/50, 100/60, 120/55: the median
+    refused = next(r for r in rows if r.startswith("priority 2's surplus refused"))
+    assert rows[refused] == ("800 / 800 / 800 refused/s by pass, 100 answered/s; one queue 0 "
+                             "refused/s", True)  # fmt: skip
+    results.priority[2]["rounds_p99_ms"] = [100, 320, 400]  # one pass with levels no better
+    results.priority[3]["rounds_refused_per_s"] = [800, 0, 800]  # and one pass refusing none
+    rows = {target: (shown, met) for target, shown, met in targets(results, "large")}
+    assert not rows[tail][1] and not rows[refused][1]

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.measure import ATTEMPTS, MAX_STEAL
+from bench.priority import LOW
 from bench.proc import cpu_model, steal_seconds
-from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED
+from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED, priority_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +119,14 @@ def test_bench_smoke(bench_repository: Path, tmp_path: Path) -> None:
     assert "| mean batch | preempted | steal | probe ms |" in markdown
     assert "one call on 10,000 values of gelu" in markdown
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # priority levels under overload: each model's levels, alone and beside the lower level's
+    # clients, in one pass; the lower level refused (its queue's cap) only with levels, and
+    # the rows judged
+    priority = {(r["scenario"], r["concurrency"]): r for r in report["priority"]}
+    for model in ("ranked", "plain"):
+        assert (priority_scenario(model, "high"), 0) in priority
+        assert (priority_scenario(model, "low"), LOW) in priority
+    assert priority[priority_scenario("ranked", "low"), LOW]["refused_per_s"] > 0
+    assert priority[priority_scenario("plain", "low"), LOW]["refused_per_s"] == 0
+    assert all(len(r["rounds_p99_ms"]) == 1 and r["rps"] > 0 for r in priority.values())
+    assert f"| priority 1 beside {LOW} clients at priority 2: its p99 with two levels" in markdown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from bench.arguments import ROUNDS, SECONDS
@@ -65,3 +66,17 @@ def test_the_readme_states_the_limits_the_bench_sets() -> None:
     assert f"a point taken under more than {MAX_STEAL} cores of steal is measured again" in readme
     assert f"read within {HOST_MATCH:.2f}x of each other" in readme
     assert "(under 1 ms) every half second" in readme and PERIOD == 0.5
+
+
+def test_the_tuning_figures_are_the_tuners_output() -> None:
+    """performance.md's section on `gelu-serve tune` quotes the tuner's own lines as they ran
+    (runs/tune-2026-11-28/): each sitting's choice, and each check's ratios by concurrency."""
+    folder = ROOT / "runs" / "tune-2026-11-28"
+    page = (ROOT / "docs" / "performance.md").read_text()
+    for name in ("tune.txt", "second/tune.txt", "ab.txt"):
+        lines = (folder / name).read_text().splitlines()
+        quoted = [line for line in lines if re.match(r"\| \d+ \| \d+\.\d+x \[", line)]
+        quoted += [line for line in lines if line.startswith(("chosen: ", "kept: ", "keep: "))]
+        assert quoted, name
+        for line in quoted:
+            assert line in page, (name, line)
