@@ -116,3 +116,17 @@ def test_load_settings_names_each_variable(monkeypatch: pytest.MonkeyPatch) -> N
     assert "GELU_LOG_LEVEL=loud" in str(error.value)
     assert "GELU_MAX_BODY_BYTES=lots" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_bad_spinning_value_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GELU_OP_THREAD_SPINNING", "sometimes")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("GELU_OP_THREAD_SPINNING=sometimes: ") and "boolean" in message
+    monkeypatch.setenv("GELU_OP_THREAD_SPINNING", "true")
+    assert load_settings().op_thread_spinning
+    monkeypatch.delenv("GELU_OP_THREAD_SPINNING")
+    assert not load_settings().op_thread_spinning  # off unless asked
