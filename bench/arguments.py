@@ -14,6 +14,7 @@ ACTIVATION_VALUES = 1_000_000
 # more of them can be, so more passes leave a target more of them to count.
 ROUNDS = 5
 SECONDS = 3.0
+IDLE_SECONDS = 10.0  # bench.fleet: CPU ticks are 10 ms, so 0.1 % of a core is one tick
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=ROUNDS,
         help=f"passes over every point; each point reports its median round ({ROUNDS})",
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=IDLE_SECONDS,
+        help=f"seconds the many-models servers idle, measured, each pass ({IDLE_SECONDS:g})",
     )
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list of servers (0)")
     parser.add_argument("--client-cpu", type=int, default=1, help="CPU of wrk and client (1)")

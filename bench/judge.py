@@ -12,9 +12,13 @@ from bench import instructions
 from bench.results import (
     ASGI_FLOOR,
     ECHO_AS_SERVED,
+    FLEET_ALONE,
+    FLEET_CROWDED,
     FLOOR_AS_SERVED,
     FLOOR_AS_SERVED_ONE,
     FLOOR_AS_SERVED_TWO,
+    IDLE_ALONE,
+    IDLE_CROWDED,
     OFF_AGAIN,
     ONE_WORKER,
     ONE_WORKER_OFF,
@@ -53,6 +57,12 @@ TARGET_PEER_RATIO = 5.0  # V2 JSON against MLServer's V2 JSON, c=64, one process
 # Issue 64's: under overload, priority 1's p99 on the model with two levels against the same
 # clients' on one queue (tests/service/test_batching_policy.py asserts the same bound).
 TARGET_PRIORITY_TAIL = 2 / 3
+
+
+TARGET_IDLE_CORES = 0.01  # issue 65: an idle server with 21 models loaded, in cores
+
+
+TARGET_NEIGHBOURS_RATIO = 0.97  # issue 65: the small model with 20 others loaded against alone
 
 
 HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
@@ -142,6 +152,7 @@ def targets(results: Results, large: str) -> list[Target]:
     judge.large_model(large)
     judge.activations()
     judge.priority()
+    judge.fleet()
     judge.errors()
     return judge.rows
 
@@ -453,6 +464,38 @@ class Judge:
                 all(r > 0 for r in refused) and plain_low["refused_per_s"] == 0,
             ))  # fmt: skip
 
+    def fleet(self) -> None:
+        """Many models (``bench.fleet``): the small model with 20 others loaded against alone,
+        and the two servers idle."""
+        self.compare(
+            f"v1 at c={self.top} with 20 other models loaded >= {TARGET_NEIGHBOURS_RATIO:.0%} of "
+            "its model alone",
+            self.http(FLEET_CROWDED),
+            self.http(FLEET_ALONE),
+            TARGET_NEIGHBOURS_RATIO,
+            share=True,
+        )
+        self.compare(
+            f"v1 at c={self.top} with 20 other models loaded: the server's CPU per request "
+            "against its model alone's (no target: steadier than requests/s where other work "
+            "shares the server's core)",
+            self.http(FLEET_CROWDED),
+            self.http(FLEET_ALONE),
+            0.0,
+            units="µs",
+            spec=".1f",
+            measure="cpu_us_per_request",
+        )
+        goals = {IDLE_CROWDED: TARGET_IDLE_CORES, IDLE_ALONE: None}
+        for row in self.results.idle:
+            goal = goals.get(row["scenario"])
+            name = (
+                f"{row['scenario']}: < {goal:g} cores"
+                if goal is not None
+                else f"{row['scenario']} (no target: what the server costs idle without them)"
+            )
+            self.rows.append((name, *idle_measured(row, goal)))
+
     def errors(self) -> None:
         """No errors, but the peers' (shown)."""
         ours: list[dict[str, Any]] = []
@@ -475,6 +518,19 @@ class Judge:
                 errors == 0,
             )
         )
+
+
+def idle_measured(row: dict[str, Any], goal: float | None) -> tuple[str, bool]:
+    """An idle row (``bench.fleet``) as a target's measured text and whether it is met: the
+    median cores over its passes with their 95 % interval and each pass's load average, met
+    when the whole interval is below ``goal`` (None: no target)."""
+    passes = row["rounds_cores"]
+    low, high = interval(passes)
+    shown = " / ".join(f"{x:.4f}" for x in passes)
+    loads = "; ".join(row.get("rounds_load", []))
+    load = f"; load average {loads}" if loads else ""
+    text = f"{row['cores']:.4f} cores [95 % {low:.4f}-{high:.4f}] (by round {shown}{load})"
+    return text, goal is None or high < goal
 
 
 def errors_of(row: dict[str, Any]) -> int:

@@ -17,11 +17,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.fleet import pool_idle
 from bench.judge import targets, targets_table
 from bench.results import Results, load_results
 
 # A point's figures that are one per pass; pooled, they are concatenated in the runs' order.
-PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms", "rounds_server_pid")
+PER_PASS = ("rounds_rps", "rounds_p99_ms", "rounds_host_ms", "rounds_server_pid",
+            "rounds_cpu_us_per_request")  # fmt: skip
 
 
 def passes(row: dict[str, Any]) -> dict[str, list[Any]]:
@@ -33,6 +35,7 @@ def passes(row: dict[str, Any]) -> dict[str, list[Any]]:
         "rounds_p99_ms": row.get("p99_ms"),
         "rounds_host_ms": row.get("host_ms", {}) if count == 1 else {},
         "rounds_server_pid": row.get("server_pid"),
+        "rounds_cpu_us_per_request": row.get("cpu_us_per_request"),
     }
     return {key: row.get(key, [whole[key]] * count) for key in PER_PASS}
 
@@ -80,6 +83,7 @@ def pool(runs: list[Results]) -> Results:
         http=pool_rows([run.http for run in runs]),
         activations=pool_rows([run.activations for run in runs]),
         priority=pool_rows([run.priority for run in runs]),
+        idle=pool_idle([run.idle for run in runs]),
         instructions={
             state: statistics.fmean(count[state] for count in counts) for state in counts[0]
         }

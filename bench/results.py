@@ -59,6 +59,13 @@ TRACED = {"0.01": "v1 predict, traced 1 %", "1.0": "v1 predict, traced 100 %"}
 CACHE_HIT = "v1 predict, response cache hit"
 CACHE_MISS = "v1 predict, response cache miss (unique inputs)"
 
+# Many models (bench.fleet): the small model, batching on, served from a repository holding it
+# alone and from one holding 20 other models beside it; and the two servers idle.
+FLEET_ALONE = "v1 predict, its model alone loaded"
+FLEET_CROWDED = "v1 predict, 20 other models loaded"
+IDLE_ALONE = "idle server, 1 model loaded"
+IDLE_CROWDED = "idle server, 21 models loaded"
+
 
 def priority_scenario(model: str, level: str) -> str:
     """A row of ``bench.priority``'s overload: one level's clients (``high``, priority 1;
@@ -80,6 +87,7 @@ class Results:
     instructions: dict[str, float] = field(default_factory=dict)  # per request, by state
     gpu: dict[str, Any] = field(default_factory=dict)  # bench.gpu: CPU against CUDA, or why not
     priority: list[dict[str, Any]] = field(default_factory=list)  # bench.priority's, per level
+    idle: list[dict[str, Any]] = field(default_factory=list)  # bench.fleet: idle servers' cores
 
     def find(self, rows: list[dict[str, Any]], scenario: str, concurrency: int) -> dict[str, Any]:
         """The row of ``scenario`` at ``concurrency``; empty when it was not measured."""
@@ -98,8 +106,9 @@ def load_results(path: Path) -> Results:
 
 def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per scenario and concurrency: the round of median requests/s (the lower
-    middle one for an even count), with every round's requests/s in ``rounds_rps`` and p99 in
-    ``rounds_p99_ms``, and the errors of all rounds together in ``rounds_errors``."""
+    middle one for an even count), with every round's requests/s in ``rounds_rps``, p99 in
+    ``rounds_p99_ms``, server CPU per request in ``rounds_cpu_us_per_request``, and the
+    errors of all rounds together in ``rounds_errors``."""
     taken: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         taken.setdefault((row["scenario"], row["concurrency"]), []).append(row)
@@ -111,6 +120,7 @@ def median_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **median,
             "rounds_rps": [r["rps"] for r in measured],
             "rounds_p99_ms": [r["p99_ms"] for r in measured],
+            "rounds_cpu_us_per_request": [r.get("cpu_us_per_request") for r in measured],
             "rounds_errors": sum(r["errors"] for r in measured),
             "rounds_host_ms": [r.get("host_ms", {}) for r in measured],
             "rounds_server_pid": [r["server_pid"] for r in measured],

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from bench import gpu, instructions
+from bench.fleet import Fleet, median_idle
 from bench.launch import (
     SERVICE_APP,
     Scenario,
@@ -138,6 +139,7 @@ class Run:
         self.scratch = tempfile.TemporaryDirectory(prefix="gelu-bench-")
         self.tls_env, self.tls = tls_setup(Path(self.scratch.name))
         self.cache_env = self.cached_small(Path(self.scratch.name) / "cached")
+        self.fleet = Fleet(repository, Path(self.scratch.name) / "fleet", self.on_env)
         self.host = HostSpeed(cpu_list(self.every_cpu))
         self.scenarios: list[Scenario] = []  # the order the report lists them in
 
@@ -309,8 +311,12 @@ class Run:
         pairs, listed = self.paired(on, off, again)
         pairs.append(beside)
         listed += beside
+        fleet = self.fleet.servers(round_index, args.server_cpus, stack)
+        pairs.append(self.fleet.pair(fleet, self.small["v1"]))
+        listed += pairs[-1]
         self.scenarios = alone + listed
         self.warm(alone + listed)
+        self.results.idle += self.fleet.idle(fleet, args.idle_seconds)
         driven = drive_order([[s] for s in alone] + pairs, round_index, args.rounds)
         for c in self.concurrencies:
             for name, target, request in driven:
@@ -406,6 +412,7 @@ class Run:
                 r["refused_per_s"] for r in passes
                 if (r["scenario"], r["concurrency"]) == (row["scenario"], row["concurrency"])
             ]  # fmt: skip
+        results.idle = median_idle(results.idle)
         order = {name: i for i, (name, _, _) in enumerate(self.scenarios)}
         results.http.sort(key=lambda r: (order.get(r["scenario"], len(order)), r["concurrency"]))
         results.compute = compute_floor(repository / SMALL / "1" / "model.onnx", args.seconds)

@@ -141,7 +141,9 @@ class DataPlane:
                 f"model repository {root} does not exist; build the defaults with `make models` "
                 "or point GELU_MODEL_REPOSITORY at one"
             )
-        options = session_options(settings.intra_op_threads, settings.inter_op_threads)
+        options = session_options(
+            settings.intra_op_threads, settings.inter_op_threads, settings.op_thread_spinning
+        )
         sessions = SessionFactory(
             settings.ort_providers, options, settings.strict_providers, settings.provider_options
         )

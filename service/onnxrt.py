@@ -31,11 +31,22 @@ CUDA = PROVIDER_NAMES["cuda"]
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
-def session_options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
-    """Session options shared by model and activation sessions."""
+# onnxruntime's session config keys for whether its thread pools' threads spin for work.
+SPINNING_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
+
+def session_options(
+    intra_op_threads: int, inter_op_threads: int, spinning: bool = False
+) -> ort.SessionOptions:
+    """Session options shared by model and activation sessions. ``spinning``: the pools'
+    threads spin for work between runs (onnxruntime's default) instead of sleeping; with many
+    sessions on few cores, spinning takes the cores the event loop and the other models need
+    (docs/performance.md, "Many models")."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
+    for key in SPINNING_KEYS:
+        options.add_session_config_entry(key, "1" if spinning else "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only; provider fallback is reported by us
     return options

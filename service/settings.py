@@ -90,6 +90,15 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(
         1, ge=0, description="onnxruntime inter-op threads per session (0: one per core)."
     )
+    op_thread_spinning: bool = Field(
+        False,
+        description="onnxruntime's intra- and inter-op threads spin for work after each run "
+        "(its session.intra_op.allow_spinning and session.inter_op.allow_spinning, on in "
+        "onnxruntime by default) instead of sleeping. Off, they take no core from the event "
+        "loop and the other models; it matters only with more than one thread per session, "
+        "where spinning doubled the server's CPU per request (docs/performance.md, Many "
+        "models).",
+    )
     inline_max_us: int = Field(
         500,
         ge=0,

@@ -14,7 +14,17 @@ import pytest
 from bench.measure import ATTEMPTS, MAX_STEAL
 from bench.priority import LOW
 from bench.proc import cpu_model, steal_seconds
-from bench.results import CACHE_HIT, CACHE_MISS, OVER_TLS, TRACED, priority_scenario
+from bench.results import (
+    CACHE_HIT,
+    CACHE_MISS,
+    FLEET_ALONE,
+    FLEET_CROWDED,
+    IDLE_ALONE,
+    IDLE_CROWDED,
+    OVER_TLS,
+    TRACED,
+    priority_scenario,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +36,8 @@ def test_bench_smoke(bench_repository: Path, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "--smoke", "--seconds", "1", "--concurrency", "4",
          "--rounds", "2", "--repository", str(bench_repository), "--out", str(tmp_path),
-         "--activation-values", "10000"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+         "--activation-values", "10000", "--idle-seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     # The machine's steal over the whole run bounds any point's: a point lasts its second (a
@@ -46,10 +56,15 @@ def test_bench_smoke(bench_repository: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "benchmarks.json").read_text())
 
     # batching on over TLS, traced at 1 % and 100 %, and with its response cache hit and
-    # missed: driven beside it, each pass, every answer a success
-    beside_on = {OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS}
+    # missed, and the small model with 20 other models loaded and alone: driven beside it,
+    # each pass, every answer a success
+    beside_on = {OVER_TLS, *TRACED.values(), CACHE_HIT, CACHE_MISS, FLEET_ALONE, FLEET_CROWDED}
     assert beside_on <= {row["scenario"] for row in report["http"]}
     assert all(r["errors"] == 0 for r in report["http"] if r["scenario"] in beside_on)
+    # the two many-models servers idled, measured, in each pass
+    idle = {row["scenario"]: row for row in report["idle"]}
+    assert set(idle) == {IDLE_CROWDED, IDLE_ALONE}
+    assert all(len(r["rounds_cores"]) == 2 and min(r["rounds_cores"]) >= 0 for r in idle.values())
     # every server is a new process in each pass
     pids = {row["scenario"]: row["rounds_server_pid"] for row in report["http"]}
     assert len(set(pids["v1 predict, batching on"])) == 2, pids

@@ -152,3 +152,43 @@ def test_provider_fallback_is_logged_once(settings_factory, caplog) -> None:
     assert len(warnings) == 2, warnings
     assert "CUDAExecutionProvider unavailable" in warnings[0]
     assert "TensorrtExecutionProvider unavailable" in warnings[1]
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+def test_sessions_spin_only_when_asked(spinning: bool, model_repository: Path) -> None:
+    """What onnxruntime's session holds, read back from it: the pools' threads spin between
+    runs only when asked, and the thread counts are the ones given."""
+    from service.onnxrt import SPINNING_KEYS, SessionFactory, session_options
+
+    factory = SessionFactory(["CPUExecutionProvider"], session_options(2, 3, spinning), False)
+    model = (model_repository / "digits-mlp" / "2" / "model.onnx").read_bytes()
+    session, _ = factory.create(model, "digits-mlp/2")
+    applied = session.get_session_options()
+    assert [applied.get_session_config_entry(key) for key in SPINNING_KEYS] == [
+        "1" if spinning else "0"
+    ] * 2
+    assert (applied.intra_op_num_threads, applied.inter_op_num_threads) == (2, 3)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spinning", [None, True])
+async def test_the_spinning_setting_reaches_every_model_session(
+    spinning: bool | None, settings_factory, model_repository: Path
+) -> None:
+    """GELU_OP_THREAD_SPINNING as the started core applies it to each loaded model's
+    session (off when unset), read back from onnxruntime's sessions themselves."""
+    from service.onnxrt import SPINNING_KEYS
+    from tests.helpers import started
+
+    overrides = {"intra_op_threads": 2} | ({} if spinning is None else {"op_thread_spinning": True})
+    core = await started(settings_factory, model_repository, **overrides)
+    try:
+        for name in core.model_names():
+            # OrtSession.run is onnxruntime's own bound method: its session is what serves.
+            session = core.model(name).session.run.__self__  # type: ignore[attr-defined]
+            applied = session.get_session_options()
+            entries = {applied.get_session_config_entry(key) for key in SPINNING_KEYS}
+            assert entries == {"1" if spinning else "0"}, name
+            assert applied.intra_op_num_threads == 2
+    finally:
+        await core.stop()

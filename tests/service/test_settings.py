@@ -116,3 +116,28 @@ def test_load_settings_names_each_variable(monkeypatch: pytest.MonkeyPatch) -> N
     assert "GELU_LOG_LEVEL=loud" in str(error.value)
     assert "GELU_MAX_BODY_BYTES=lots" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_bad_spinning_value_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GELU_OP_THREAD_SPINNING", "sometimes")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("GELU_OP_THREAD_SPINNING=sometimes: ") and "boolean" in message
+    monkeypatch.setenv("GELU_OP_THREAD_SPINNING", "true")
+    assert load_settings().op_thread_spinning
+    monkeypatch.delenv("GELU_OP_THREAD_SPINNING")
+    assert not load_settings().op_thread_spinning  # off unless asked
+
+
+def test_serve_refuses_a_bad_spinning_value_in_one_line(tmp_path: Path) -> None:
+    """What an operator sees: `gelu-serve serve` exits before loading anything, one line
+    naming the variable and its value."""
+    from tests.servers import refusal
+
+    done = refusal({"GELU_OP_THREAD_SPINNING": "sometimes", "GELU_MODEL_REPOSITORY": str(tmp_path)})
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "GELU_OP_THREAD_SPINNING=sometimes" in lines[0], lines
