@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy run serve test test-fast lint format typecheck pytest pytest-split pytest-rest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
+.PHONY: install tools models paper accuracy accuracy-exhaustive run serve test test-fast lint format typecheck pytest pytest-split pytest-rest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
 
 # Installs by job, into $(VENV): serving and training (`make run`), the benchmark, and
 # everything (`make test`: its tests cover every extra; `make install`, for developers). Each is
@@ -66,6 +66,13 @@ paper: $(BENCH_ENV) fashion-mnist
 # The activation kernels against a 50-digit reference: docs/accuracy.{md,png}.
 accuracy: $(BENCH_ENV)
 	$(BIN)/python -m bench.accuracy --out docs
+
+# Every float32 input through every activation kernel, correctly rounded reference:
+# docs/accuracy-exhaustive.{md,json}, quoted in docs/accuracy.md. About an hour on 2 cores, run
+# niced; checkpoints in .exhaustive/, so a stopped run resumes where it stopped.
+accuracy-exhaustive: $(BENCH_ENV)
+	nice -n 19 $(BIN)/python -m bench.exhaustive --out docs \
+		$(if $(wildcard $(REPOSITORY)/*/1/model.onnx),--repository $(REPOSITORY))
 
 fashion-mnist:
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || true
