@@ -80,3 +80,22 @@ def test_the_tuning_figures_are_the_tuners_output() -> None:
         assert quoted, name
         for line in quoted:
             assert line in page, (name, line)
+
+
+def test_the_ceiling_tables_are_their_runs() -> None:
+    """The instructions and CPU per request quoted in "Where the small model's request spends
+    its time" are the committed outputs of runs/ceiling-2026-11-28/where.py."""
+    runs = ROOT / "runs/ceiling-2026-11-28"
+    targets = ("asgi-floor", "v1", "v2-json", "grpc-floor", "grpc")
+    page = (ROOT / "docs/performance.md").read_text()
+
+    def line(path: Path, label: str) -> list[str]:
+        found = next(x for x in path.read_text().splitlines() if x.startswith(label))
+        return re.findall(r"[\d.]+", found.split(label, 1)[1])
+
+    counts = [f"{int(line(runs / f'count-{t}.txt', 'instructions/request')[0]):,}" for t in targets]
+    assert "| instructions (callgrind) | " + " | ".join(counts) + " |" in page
+    for prefix in ("cpu", "cpu2"):  # "cpu µs/request 39.1: user 25.8, system 13.3"
+        cpu = [line(runs / f"{prefix}-{t}.txt", "cpu µs/request") for t in targets]
+        row = " | ".join(f"{a} ({u} + {s})" for a, u, s in cpu)
+        assert f"| {row} |" in page, prefix
