@@ -190,7 +190,7 @@ def test_the_same_bytes_under_another_datatype_shape_or_name_is_another_key() ->
     owner = object()
     for values in (64, 64 * 1024):  # 256 bytes; 256 KiB, above EXACT_BYTES
         raw = np.arange(values, dtype=np.float32)
-        same_bytes = {
+        same_bytes: dict[str, dict[str, np.ndarray]] = {
             "float32": {"input": raw[None]},
             "int32": {"input": raw.view(np.int32)[None]},
             "uint8": {"input": raw.view(np.uint8)[None]},
