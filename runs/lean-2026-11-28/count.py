@@ -8,6 +8,7 @@ every request's inputs unique), nocache-unique (no cache, the miss's unique inpu
 """
 
 import asyncio
+import atexit
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ def main(repository: str, requests: int, concurrency: int, mode: str) -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         sink = subprocess.Popen([sys.executable, "-m", "bench.otlp_sink", str(port)])
+        atexit.register(sink.terminate)  # however the run ends
         time.sleep(1.5)
         os.environ.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                           OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
