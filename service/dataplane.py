@@ -29,7 +29,7 @@ from service import __version__, ensemble
 from service.activations import Activations
 from service.auth import Restrictions
 from service.batching import CLIENT_TIMEOUT, POLICY_TIMEOUT, Deadline
-from service.cache import ResponseCache
+from service.cache import Key, ResponseCache
 from service.errors import (
     ModelLoadError,
     NotFoundError,
@@ -477,7 +477,7 @@ class DataPlane:
         inputs: dict[str, np.ndarray],
         names: list[str] | None,
         statistics: ModelStatistics,
-    ) -> tuple[bytes, dict[str, np.ndarray] | None]:
+    ) -> tuple[Key, dict[str, np.ndarray] | None]:
         """A cached model's key for this request (its ``owners``, ``_answerers``), and its
         answer if the cache has it (a hit timed as Triton's ``cache_hit``; a miss's lookup is
         timed with its insertion)."""
@@ -496,7 +496,7 @@ class DataPlane:
     def _keep(
         self,
         cache: ResponseCache,
-        key: bytes,
+        key: Key,
         owners: tuple[Model, ...],
         results: dict[str, np.ndarray],
         statistics: ModelStatistics,

@@ -1,40 +1,75 @@
 """OpenTelemetry traces of inference and activation requests, on both faces.
 
 Off unless ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``, ``console``); then each
-request that Triton's trace settings pick (``service.trace_settings``) gets a span (its
-parent the caller's W3C ``traceparent``, when it sent one) and, once answered, one child span
-per stage it went through: ``decode``, ``queue``, ``compute`` (linked to the ``batch`` span
-of the run it shared) and ``encode``. The stages are timed on the request path as plain
-``perf_counter_ns`` marks and become spans only for a traced request, at its end, so the
-path pays for a span only when one is made. Everything else follows the OpenTelemetry SDK's
-own environment variables: ``OTEL_EXPORTER_OTLP_*`` (endpoint, protocol, headers, timeout),
-``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER[_ARG]``,
-``OTEL_BSP_*``, ``OTEL_PROPAGATORS``.
+request that Triton's trace settings pick (``service.trace_settings``) and the sampler keeps
+gets a span (its parent the caller's W3C ``traceparent``, when it sent one) and, once
+answered, one child span per stage it went through: ``decode``, ``queue``, ``compute``
+(linked to the ``batch`` span of the run it shared) and ``encode``.
+
+A request pays only for what is recorded of it (issue 65). The sampler decides first, before
+anything is built: a request with no propagator header is a root, whose decision is its new
+trace id against the sampler's root bound (``Sampler.root_bound``, one comparison); only a
+request that carries a parent has it extracted and asks the SDK's sampler. A request sampled
+out is answered as with tracing off (its ``traceparent`` is read, never rewritten). A sampled
+one records plain ``perf_counter_ns`` marks on the request path and, once answered, is put as
+it is on a bounded queue (``Exporting``); a background thread turns the queue into spans and
+hands them to the exporters, so the request path never builds a span or waits on an export.
+When the queue is full a finished trace is dropped and counted, never queued without bound.
+
+Everything else follows the OpenTelemetry SDK's own environment variables:
+``OTEL_EXPORTER_OTLP_*`` (endpoint, protocol, headers, timeout), ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER[_ARG]``, ``OTEL_PROPAGATORS``, and
+``OTEL_BSP_SCHEDULE_DELAY``, ``OTEL_BSP_MAX_QUEUE_SIZE`` (here in traces: a request's span and
+its stages, or a batch's span) and ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (spans per export).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import random
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from service import __version__
 from service.errors import StartupError
 
+logger = logging.getLogger("gelu_serve")
 # perf_counter_ns (what the request path reads) to the epoch (what spans carry).
 _EPOCH_OFFSET = time.time_ns() - time.perf_counter_ns()
 PROTOCOLS = ("grpc", "http/protobuf")
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on",
+            "parentbased_always_off", "parentbased_traceidratio")  # fmt: skip
+_SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+_RATIO_BITS = TraceIdRatioBased.TRACE_ID_LIMIT  # the trace id bits a ratio sampler reads
+_OK = trace.Status(trace.StatusCode.UNSET)
+_ERROR = trace.Status(trace.StatusCode.ERROR)
 
 
 def epoch_ns(perf_ns: int) -> int:
     """A ``time.perf_counter_ns`` reading as nanoseconds since the epoch."""
     return perf_ns + _EPOCH_OFFSET
+
+
+def _new_id(bits: int) -> int:
+    """A random trace (128) or span (64) id; never the invalid 0."""
+    return random.getrandbits(bits) or 1
 
 
 def _exporter(name: str) -> SpanExporter:
@@ -60,19 +95,146 @@ def _exporter(name: str) -> SpanExporter:
     raise StartupError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: choose {' or '.join(PROTOCOLS)}")
 
 
+def _sampler() -> tuple[Sampler, int]:
+    """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names, as the SDK builds it, and its root
+    bound: a request with no parent is sampled when its trace id's low 64 bits are below it
+    (what each of the SDK's samplers decides for a root; 0: never). A misspelt name or ratio
+    is refused at start-up (the SDK would fall back to always on)."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if name not in SAMPLERS:
+        raise StartupError(f"OTEL_TRACES_SAMPLER={name}: choose {', '.join(SAMPLERS)}")
+    root: Sampler = ALWAYS_OFF if name.endswith("always_off") else ALWAYS_ON
+    bound = 0 if root is ALWAYS_OFF else _RATIO_BITS + 1
+    if name.endswith("traceidratio"):
+        arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+        try:
+            ratio = TraceIdRatioBased(float(arg))
+        except ValueError:
+            raise StartupError(f"OTEL_TRACES_SAMPLER_ARG={arg}: a ratio from 0 to 1") from None
+        root, bound = ratio, ratio.bound
+    return (ParentBased(root) if name.startswith("parentbased") else root), bound
+
+
+class Exporting:
+    """Finished traces on their way out: a bounded queue the request path appends to (no
+    lock: ``deque.append`` and ``len`` are atomic), drained by one background thread that
+    makes their spans and exports them every ``OTEL_BSP_SCHEDULE_DELAY`` ms, or as soon as
+    a batch's worth waits. A trace finished while ``limit`` wait is dropped and counted."""
+
+    def __init__(
+        self, exporters: list[SpanExporter], resource: Resource, scope: InstrumentationScope
+    ) -> None:
+        self.exporters = exporters
+        self.resource = resource
+        self.scope = scope
+        self.limit = _positive("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self.batch = _positive("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self.delay_s = _positive("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.dropped = 0  # traces dropped on a full queue, since start
+        self._queue: deque[RequestTrace | BatchTrace] = deque()
+        self._wake = threading.Event()
+        self._exporting = threading.Lock()  # the thread's drain against a flush's
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gelu-trace-export", daemon=True)
+        self._thread.start()
+
+    def put(self, finished: RequestTrace | BatchTrace) -> None:
+        """Queue a finished trace for export, or drop and count it when the queue is full."""
+        queue = self._queue
+        if len(queue) >= self.limit:
+            self.dropped += 1
+            if self.dropped == 1 or not self.dropped % 10_000:
+                logger.warning("trace export queue full (OTEL_BSP_MAX_QUEUE_SIZE=%d): %d "
+                               "traces dropped so far", self.limit, self.dropped)  # fmt: skip
+            return
+        queue.append(finished)
+        # About a batch's spans (a request's trace makes about five) wake the thread, once:
+        # Event.set takes a lock, is_set does not.
+        if len(queue) * 4 >= self.batch and not self._wake.is_set():
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Export everything queued now, on the calling thread."""
+        with self._exporting:
+            self._drain()
+
+    def shutdown(self) -> None:
+        """Export what is queued, stop the thread, then the exporters."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+        self.flush()
+        for exporter in self.exporters:
+            exporter.shutdown()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self.delay_s)
+            self._wake.clear()
+            with self._exporting:
+                self._drain()
+
+    def _drain(self) -> None:
+        queue, spans = self._queue, list[ReadableSpan]()
+        while queue:
+            queue.popleft().spans(self, spans)
+            if len(spans) >= self.batch:
+                self._export(spans)
+                spans = []
+        if spans:
+            self._export(spans)
+
+    def _export(self, spans: list[ReadableSpan]) -> None:
+        for exporter in self.exporters:
+            try:
+                exporter.export(spans)
+            except Exception:  # an exporter's failure must not stop the thread
+                logger.exception("trace export failed; %d spans lost", len(spans))
+
+    def span(
+        self,
+        name: str,
+        context: trace.SpanContext,
+        parent: trace.SpanContext | None,
+        kind: trace.SpanKind,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any] | None = None,
+        links: tuple[trace.Link, ...] = (),
+        status: trace.Status = _OK,
+    ) -> ReadableSpan:
+        """A finished span of this process's resource and scope (times perf ns)."""
+        return ReadableSpan(
+            name, context, parent, self.resource, attributes, links=links, kind=kind,
+            status=status, start_time=epoch_ns(start_ns), end_time=epoch_ns(end_ns),
+            instrumentation_scope=self.scope,
+        )  # fmt: skip
+
+
+def _positive(variable: str, default: int) -> int:
+    value = os.environ.get(variable, "").strip()
+    try:
+        parsed = int(value) if value else default
+    except ValueError:
+        parsed = 0
+    if parsed < 1:
+        raise StartupError(f"{variable}={value}: a whole number above 0")
+    return parsed
+
+
 class Tracing:
-    """The process's tracer: its provider, exporters and batch span processors."""
+    """The process's tracer: its sampler, propagators and exporting thread."""
 
     def __init__(self, exporters: Iterable[SpanExporter]) -> None:
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": "gelu-serve"}))
-        # No sampler given: the SDK's from OTEL_TRACES_SAMPLER (parent-based, always on).
-        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        for exporter in exporters:
-            self.provider.add_span_processor(BatchSpanProcessor(exporter))
-        self.tracer = self.provider.get_tracer("gelu_serve", __version__)
-        self._fields = propagate.get_global_textmap().fields  # OTEL_PROPAGATORS' headers
+        self.sampler, self.root_bound = _sampler()
+        # OTEL_PROPAGATORS' headers: a request without any of them is a root.
+        self.fields = frozenset(propagate.get_global_textmap().fields)
+        self.header_fields = frozenset(f.encode("latin-1") for f in self.fields)
+        scope = InstrumentationScope("gelu_serve", __version__)
+        self.exporting = Exporting(list(exporters), resource, scope)
 
     @classmethod
     def from_environment(cls) -> Tracing | None:
@@ -81,39 +243,38 @@ class Tracing:
         names = [n for n in names if n and n != "none"]
         return cls([_exporter(n) for n in names]) if names else None
 
-    def begin(
-        self,
-        name: str,
-        carrier: Mapping[str, str],
-        began_ns: int,
-        attributes: dict[str, Any],
-    ) -> RequestTrace | None:
-        """A request's trace: its span, started at ``began_ns`` (perf) under the caller's
-        context in ``carrier`` (its headers or metadata, lower-case names); None when the
-        sampler drops it, so that a request sampled out pays for no stage or batch span."""
-        # Extracting costs microseconds: only where a propagator's header is there to read.
-        fields = self._fields
-        context = propagate.extract(carrier) if any(f in carrier for f in fields) else None
-        span = self.tracer.start_span(
-            name,
-            context=context,
-            kind=trace.SpanKind.SERVER,
-            attributes=attributes,
-            start_time=epoch_ns(began_ns),
-        )
-        if not span.is_recording():
+    def sample(self, name: str, carrier: Mapping[str, str] | None = None) -> RequestTrace | None:
+        """A request's trace if the sampler keeps it, else None, having built nothing.
+        ``carrier``: its headers or metadata (lower-case names) when any of ``fields`` (the
+        propagators' headers) is among them, else None (a root: one random number and one
+        comparison decide). ``name`` is the span's; the caller then ``open``s the trace."""
+        if carrier is None:
+            trace_id = _new_id(128)
+            if trace_id & _RATIO_BITS >= self.root_bound:
+                return None
+            return RequestTrace(self, name, trace_id, None, None)
+        context = propagate.extract(carrier)
+        found = trace.get_current_span(context).get_span_context()
+        parent = found if found.is_valid else None
+        trace_id = _new_id(128) if parent is None else parent.trace_id
+        result = self.sampler.should_sample(context, trace_id, name, trace.SpanKind.SERVER)
+        if not result.decision.is_sampled():
             return None
-        return RequestTrace(self, span)
+        return RequestTrace(self, name, trace_id, parent, result.trace_state)
+
+    def flush(self) -> None:
+        """Export every finished trace now."""
+        self.exporting.flush()
 
     def shutdown(self) -> None:
         """Export what is queued, then stop."""
-        self.provider.shutdown()
+        self.exporting.shutdown()
 
 
 class BatchTrace:
-    """One run that traced requests shared: its span, linked to each of them."""
+    """One run that traced requests shared: its own trace's span, linked to each of them."""
 
-    __slots__ = ("context",)
+    __slots__ = ("attributes", "began_ns", "links", "span_id", "took_ns", "trace_id")
 
     def __init__(
         self,
@@ -122,30 +283,62 @@ class BatchTrace:
         took_ns: int,
         attributes: dict[str, Any],
     ) -> None:
-        tracer = requests[0].tracing.tracer
-        links = [trace.Link(r.span.get_span_context()) for r in requests]
-        span = tracer.start_span(
-            "batch", links=links, attributes=attributes, start_time=epoch_ns(began_ns)
-        )
-        span.end(end_time=epoch_ns(began_ns + took_ns))
-        self.context = span.get_span_context()
+        self.trace_id, self.span_id = _new_id(128), _new_id(64)
+        self.links = [(r.trace_id, r.span_id) for r in requests]
+        self.began_ns, self.took_ns, self.attributes = began_ns, took_ns, attributes
+        requests[0].tracing.exporting.put(self)
+
+    def context(self) -> trace.SpanContext:
+        """Its span's context."""
+        return trace.SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+
+    def spans(self, exporting: Exporting, into: list[ReadableSpan]) -> None:
+        """Its span, made on the exporting thread."""
+        links = tuple(trace.Link(trace.SpanContext(t, s, False, _SAMPLED)) for t, s in self.links)
+        into.append(exporting.span("batch", self.context(), None, trace.SpanKind.INTERNAL,
+                                   self.began_ns, self.began_ns + self.took_ns,
+                                   self.attributes, links))  # fmt: skip
 
 
 class RequestTrace:
-    """One traced request: its span, and its stages' marks (perf ns) to become child spans."""
+    """One sampled request: its ids, attributes and stages' marks (perf ns), exported as a
+    span with a child per stage once it ``end``s."""
 
-    __slots__ = ("batch", "span", "stages", "tracing")
+    __slots__ = ("attributes", "batch", "end_ns", "name", "parent", "span_id", "stages",
+                 "start_ns", "status", "trace_id", "trace_state", "tracing")  # fmt: skip
 
-    def __init__(self, tracing: Tracing, span: trace.Span) -> None:
+    def __init__(
+        self,
+        tracing: Tracing,
+        name: str,
+        trace_id: int,
+        parent: trace.SpanContext | None,
+        trace_state: trace.TraceState | None,
+    ) -> None:
         self.tracing = tracing
-        self.span = span
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = _new_id(64)
+        self.parent = parent
+        self.trace_state = trace_state
         self.stages: list[tuple[str, int, int]] = []
         self.batch: BatchTrace | None = None
+        self.attributes: dict[str, Any] = {}
+        self.start_ns = self.end_ns = self.status = 0
+
+    def open(self, began_ns: int, attributes: dict[str, Any]) -> RequestTrace:
+        """Its span begins at ``began_ns`` (perf) with ``attributes``; itself."""
+        self.start_ns, self.attributes = began_ns, attributes
+        return self
 
     @property
-    def trace_id(self) -> str:
+    def trace_id_hex(self) -> str:
         """Its trace's id, as W3C and OpenMetrics exemplars write it (32 hex digits)."""
-        return trace.format_trace_id(self.span.get_span_context().trace_id)
+        return trace.format_trace_id(self.trace_id)
+
+    def context(self) -> trace.SpanContext:
+        """Its span's context."""
+        return trace.SpanContext(self.trace_id, self.span_id, False, _SAMPLED, self.trace_state)
 
     def mark(self, stage: str, start_ns: int, end_ns: int) -> None:
         """A stage that ran from ``start_ns`` to ``end_ns`` (``time.perf_counter_ns``)."""
@@ -154,7 +347,7 @@ class RequestTrace:
     def since(self, stage: str, start_ns: int) -> int:
         """A stage that ran from ``start_ns`` until now; now (perf ns)."""
         now = time.perf_counter_ns()
-        self.mark(stage, start_ns, now)
+        self.stages.append((stage, start_ns, now))
         return now
 
     def ran(self, queued_ns: int, began_ns: int, took_ns: int, batch: BatchTrace | None) -> None:
@@ -165,18 +358,25 @@ class RequestTrace:
         self.batch = batch
 
     def end(self, status: int, attributes: Mapping[str, Any], end_ns: int) -> None:
-        """Its stages as child spans, then its own span, with the answer's ``status`` (an
-        error status for a 5xx: a client's 4xx is not the server's error)."""
-        parent = trace.set_span_in_context(self.span)
-        tracer = self.tracing.tracer
+        """Answered with ``status``: queued for export with ``attributes`` added."""
+        self.attributes.update(attributes)
+        self.status, self.end_ns = status, end_ns
+        self.tracing.exporting.put(self)
+
+    def spans(self, exporting: Exporting, into: list[ReadableSpan]) -> None:
+        """Its stages' spans, then its own (an error status for a 5xx: a client's 4xx is not
+        the server's error), made on the exporting thread."""
+        context = self.context()
+        batch = (trace.Link(self.batch.context()),) if self.batch is not None else ()
+        internal = trace.SpanKind.INTERNAL
         for stage, start, end in self.stages:
-            links = [trace.Link(self.batch.context)] if stage == "compute" and self.batch else []
-            child = tracer.start_span(stage, parent, links=links, start_time=epoch_ns(start))
-            child.end(end_time=epoch_ns(end))
-        self.span.set_attributes(attributes)
-        if status >= 500:
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR))
-        self.span.end(end_time=epoch_ns(end_ns))
+            child = trace.SpanContext(self.trace_id, _new_id(64), False, _SAMPLED,
+                                      self.trace_state)  # fmt: skip
+            links = batch if stage == "compute" else ()
+            into.append(exporting.span(stage, child, context, internal, start, end, None, links))
+        status = _ERROR if self.status >= 500 else _OK
+        into.append(exporting.span(self.name, context, self.parent, trace.SpanKind.SERVER,
+                                   self.start_ns, self.end_ns, self.attributes, (), status))
 
 
 def batch_of(

@@ -300,7 +300,7 @@ class Envelope:
         label = model if model and self.plane.knows_model(model) else ""
         version = version if label else ""
         trace = call.trace
-        trace_id = None if trace is None else trace.trace_id
+        trace_id = None if trace is None else trace.trace_id_hex
         self.plane.metrics.observe_request(
             f"grpc:{call.method}", label, version, status, seconds, trace_id
         )
@@ -508,16 +508,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _begin_trace(
         self, request: Any, carrier: dict[str, str], method: str = "ModelInfer"
     ) -> RequestTrace | None:
-        """An inference request's trace, if Triton's trace settings pick it: a span under the
-        caller's ``traceparent`` metadata, named as OpenTelemetry's RPC conventions name it."""
+        """An inference request's trace, if Triton's trace settings pick it and the sampler
+        keeps it: a span under the caller's ``traceparent`` metadata, named as
+        OpenTelemetry's RPC conventions name it; nothing is built for one sampled out."""
         name = request.model_name
         model = name if name and self.plane.knows_model(name) else ""
         tracing = self.plane.tracing
         if tracing is None or not self.plane.trace_settings.pick(model):
             return None
+        parented = not tracing.fields.isdisjoint(carrier)
+        trace = tracing.sample(f"{SERVICE}/{method}", carrier if parented else None)
+        if trace is None:
+            return None
         attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
                       "triton.model_name": model}  # fmt: skip
-        return tracing.begin(f"{SERVICE}/{method}", carrier, time.perf_counter_ns(), attributes)
+        return trace.open(time.perf_counter_ns(), attributes)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Triton's streaming inference: ``stream_answers``, each written as it comes."""

@@ -122,6 +122,8 @@ class DirectRoute(APIRoute):
         # unversioned path (that is for OpenAPI).
         self.direct_endpoint: Endpoint = getattr(endpoint, "__wrapped__", endpoint)
         self.route_class = auth.route_class(path)  # KeyError: a route no class names
+        # Its span names by method, as OpenTelemetry's HTTP conventions name them.
+        self.span_names = {method: f"{method} {path}" for method in self.methods or ()}
 
 
 class DirectRoutes:
@@ -155,9 +157,10 @@ class DirectRoutes:
         return None
 
     def begin_trace(self, scope: Scope) -> RequestTrace | None:
-        """The matched request's trace, if Triton's trace settings pick it: a span under the
-        caller's ``traceparent``, named by method and route as OpenTelemetry's HTTP
-        conventions name it."""
+        """The matched request's trace, if Triton's trace settings pick it and the sampler
+        keeps it: a span under the caller's ``traceparent``, named by method and route as
+        OpenTelemetry's HTTP conventions name it. A request sampled out costs the pick, a
+        look for the propagators' headers and the sampler's decision; nothing is built."""
         tracing = self.plane.tracing
         if tracing is None:
             return None
@@ -165,14 +168,20 @@ class DirectRoutes:
         model = name if name and self._known(name) else ""
         if not self.plane.trace_settings.pick(model):
             return None
-        carrier = request_headers(scope)
-        route = scope["route"].path
+        route: DirectRoute = scope["route"]
+        span_name = route.span_names[scope["method"]]
+        fields = tracing.header_fields
+        parented = False
+        for key, _ in scope["headers"]:
+            if key in fields:
+                parented = True
+                break
+        trace = tracing.sample(span_name, request_headers(scope) if parented else None)
+        if trace is None:
+            return None
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"],
-                      "http.route": route, "triton.model_name": model}  # fmt: skip
-        trace = tracing.begin(f"{scope['method']} {route}", carrier, time.perf_counter_ns(),
-                              attributes)  # fmt: skip
-        if trace is not None:
-            scope[TRACE] = trace
+                      "http.route": route.path, "triton.model_name": model}  # fmt: skip
+        scope[TRACE] = trace.open(time.perf_counter_ns(), attributes)
         return trace
 
 
@@ -314,7 +323,7 @@ class Envelope:
                 status = CLIENT_CLOSED_REQUEST
         finally:
             metrics.request_finished()
-            trace_id = None if trace is None else trace.trace_id
+            trace_id = None if trace is None else trace.trace_id_hex
             record_request(metrics, self.known, scope, status, start, self.access_log, trace_id)
             if trace is not None:
                 trace.end(status, finished_attributes(scope, status), time.perf_counter_ns())

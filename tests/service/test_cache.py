@@ -102,7 +102,7 @@ async def test_a_retired_version_takes_its_answers_along(settings_factory, cache
 def test_the_byte_budget_holds_under_unique_inputs() -> None:
     owner = object()
     rows = np.random.default_rng(0).random((500, 64), dtype=np.float32)
-    entry = 10 * 4 + ENTRY_OVERHEAD  # one row's ten float32 logits
+    entry = 10 * 4 + 64 * 4 + ENTRY_OVERHEAD  # one row's ten float32 logits; its key's input
     cache = ResponseCache(budget=20 * entry)
     for row in rows:
         key = cache.key((owner,), {"input": row[None]}, None)
@@ -112,16 +112,18 @@ def test_the_byte_budget_holds_under_unique_inputs() -> None:
     last = cache.key((owner,), {"input": rows[-1][None]}, None)
     first = cache.key((owner,), {"input": rows[0][None]}, None)
     assert cache.get(last) is not None and cache.get(first) is None
-    cache.put(b"huge", {"x": np.ones(10_000, np.float32)}, (owner,))  # above the whole budget
-    assert cache.get(b"huge") is None and cache.used <= cache.budget
+    huge = cache.key((owner,), {"input": rows[:1] + 1}, None)
+    cache.put(huge, {"x": np.ones(10_000, np.float32)}, (owner,))  # above the whole budget
+    assert cache.get(huge) is None and cache.used <= cache.budget
 
 
 def test_kept_arrays_are_copies_that_cannot_change() -> None:
     owner, logits = object(), np.zeros((2, 10), np.float32)
     cache = ResponseCache(budget=1 << 20)
-    cache.put(b"k", {"logits": logits[:1]}, (owner,))  # a view into a larger batch's output
+    key = cache.key((owner,), {"input": DIGITS[:1]}, None)
+    cache.put(key, {"logits": logits[:1]}, (owner,))  # a view into a larger batch's output
     logits[0, 0] = 5.0
-    kept = cache.get(b"k")
+    kept = cache.get(key)
     assert kept is not None and kept["logits"][0, 0] == 0.0
     assert kept["logits"].base is None and not kept["logits"].flags.writeable
 
@@ -177,5 +179,56 @@ async def test_an_ensemble_never_answers_from_a_step_version_gone_by(
         assert not np.array_equal(after["logits"], before["logits"])
         (stats,) = core.statistics(DEFAULT_ENSEMBLE)
         assert stats["inference_stats"]["cache_hit"]["count"] == 1  # type: ignore[index]
+    finally:
+        await core.stop()
+
+
+def test_the_same_bytes_under_another_datatype_shape_or_name_is_another_key() -> None:
+    """The key is the request itself: inputs of one and the same bytes, read as another
+    datatype, shape or input, never answer from each other's entry, small (keyed by their
+    bytes) or large (keyed by a digest of them)."""
+    owner = object()
+    for values in (64, 64 * 1024):  # 256 bytes; 256 KiB, above EXACT_BYTES
+        raw = np.arange(values, dtype=np.float32)
+        same_bytes: dict[str, dict[str, np.ndarray]] = {
+            "float32": {"input": raw[None]},
+            "int32": {"input": raw.view(np.int32)[None]},
+            "uint8": {"input": raw.view(np.uint8)[None]},
+            "reshaped": {"input": raw.reshape(2, -1)},
+            "renamed": {"other": raw[None]},
+        }
+        cache = ResponseCache(budget=1 << 30)
+        keys = {what: cache.key((owner,), inputs, None) for what, inputs in same_bytes.items()}
+        assert len(set(keys.values())) == len(keys)
+        cache.put(keys["float32"], {"logits": np.ones((1, 10), np.float32)}, (owner,))
+        assert all(cache.get(k) is None for what, k in keys.items() if what != "float32")
+        again = cache.key((owner,), {"input": raw[None].copy()}, None)  # equal, not the same
+        assert cache.get(again) is not None
+
+
+async def test_a_hit_is_answered_before_the_batcher(
+    settings_factory, cached_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hit never reaches the version's scheduler (the batcher and every run path)."""
+    core = DataPlane(settings_factory(model_repository=cached_repo, response_cache_bytes=1 << 20))
+    await core.start()
+    try:
+        scheduler = core.started_repository().get("digits-mlp").scheduler
+        scheduled: list[object] = []
+        run = type(scheduler).run
+
+        async def counted(self: object, *args: object, **kwargs: object) -> object:
+            scheduled.append(self)
+            return await run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(type(scheduler), "run", counted)  # slotted: patched on the class
+        first = await core.infer("digits-mlp", None, _request(DIGITS[:2]))
+        assert scheduled == [scheduler]
+        for _ in range(3):
+            hit = await core.infer("digits-mlp", None, _request(DIGITS[:2].copy()))
+            np.testing.assert_array_equal(hit.outputs["logits"], first.outputs["logits"])
+        assert len(scheduled) == 1
+        await core.infer("digits-mlp", None, _request(DIGITS[2:4]))  # a miss runs
+        assert len(scheduled) == 2
     finally:
         await core.stop()

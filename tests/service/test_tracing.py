@@ -280,7 +280,105 @@ def test_a_request_the_sampler_drops_makes_no_trace(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
     tracing = Tracing([ConsoleSpanExporter()])
-    assert tracing.begin("r", {}, time.perf_counter_ns(), {}) is None
+    assert tracing.sample("r") is None
+    tracing.shutdown()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
-    sampled = Tracing([ConsoleSpanExporter()]).begin("r", {}, time.perf_counter_ns(), {})
-    assert sampled is not None and sampled.span.is_recording()
+    tracing = Tracing([ConsoleSpanExporter()])
+    sampled = tracing.sample("r")
+    assert sampled is not None and sampled.context().trace_flags.sampled
+    tracing.shutdown()
+
+
+def _memory_traced_client(
+    settings_factory: Any, monkeypatch: pytest.MonkeyPatch, **env: str
+) -> Any:
+    """A TestClient of an app whose tracing exports into memory (``OTEL_*`` from ``env``)."""
+    from fastapi.testclient import TestClient
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.rest.app import create_app
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")  # exported when the test flushes
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client = TestClient(create_app(settings_factory()))
+    client.__enter__()
+    memory = InMemorySpanExporter()
+    client.app.state.dataplane.tracing.exporting.exporters[:] = [memory]  # type: ignore[attr-defined]
+    return client, memory
+
+
+def test_a_request_sampled_out_makes_no_span_and_a_parent_is_honoured(
+    settings_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``parentbased_always_off`` a request with no parent is sampled out and nothing of
+    it reaches the exporter; a caller's sampled ``traceparent`` is honoured (its span is under
+    the caller's), and one whose flags say not sampled is not traced either."""
+    client, memory = _memory_traced_client(
+        settings_factory, monkeypatch, OTEL_TRACES_SAMPLER="parentbased_always_off"
+    )
+    try:
+        body = {"instances": DIGITS[:1].tolist()}
+        for _ in range(5):
+            assert client.post("/v1/models/digits-mlp:predict", json=body).status_code == 200
+        unsampled = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"}
+        client.post("/v1/models/digits-mlp:predict", json=body, headers=unsampled)
+        tracing = client.app.state.dataplane.tracing
+        tracing.flush()
+        assert memory.get_finished_spans() == ()  # nothing made for six requests
+        sampled = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"}
+        client.post("/v1/models/digits-mlp:predict", json=body, headers=sampled)
+        tracing.flush()
+        spans = memory.get_finished_spans()
+        (server,) = [s for s in spans if s.kind.name == "SERVER"]
+        assert server.context.trace_id == int(CALLER_TRACE, 16)
+        assert server.parent is not None and server.parent.span_id == int(CALLER_SPAN, 16)
+        assert {s.name for s in spans if s.parent == server.context} == STAGES
+    finally:
+        client.__exit__(None, None, None)
+
+
+def test_a_full_export_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traces finished while the queue holds OTEL_BSP_MAX_QUEUE_SIZE are dropped and counted;
+    the queued ones are still exported, each as its span and its stages'."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "3")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")  # the thread waits for a flush
+    memory = InMemorySpanExporter()
+    tracing = Tracing([memory])
+    try:
+        for _ in range(5):
+            traced = tracing.sample("r")
+            assert traced is not None
+            began = time.perf_counter_ns()
+            traced.open(began, {"k": 1}).mark("decode", began, began + 10)
+            traced.end(200, {}, began + 20)
+        assert tracing.exporting.dropped == 2
+        tracing.flush()
+        spans = memory.get_finished_spans()
+        assert sorted(s.name for s in spans) == ["decode"] * 3 + ["r"] * 3
+        tracing.flush()
+        assert len(memory.get_finished_spans()) == 6  # the queue was emptied once
+    finally:
+        tracing.shutdown()
+
+
+def test_a_misnamed_sampler_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK would fall back to always on; here the variable is named in the refusal."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.errors import StartupError
+    from service.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "one percent")
+    with pytest.raises(StartupError, match="OTEL_TRACES_SAMPLER_ARG"):
+        Tracing([InMemorySpanExporter()])
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "sometimes")
+    with pytest.raises(StartupError, match="OTEL_TRACES_SAMPLER=sometimes"):
+        Tracing([InMemorySpanExporter()])
