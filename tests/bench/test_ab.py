@@ -97,7 +97,7 @@ def test_each_pass_has_new_servers_and_the_other_checkout_first(
         assert len(started) == servers + 5 and not running  # a floor, 2 x (on, off)
         firsts.append(driven[points + 1])  # after the floor's point, the first c=64 one
     # the first pass drives old first, the second new: their servers were started in that pass
-    trees = {}
+    trees: dict[int, str] = {}
     for tree in ("old", "new"):
         for row in harness.rows[tree]:
             trees.setdefault(row["server_pid"], tree)
