@@ -5,6 +5,7 @@
 #   docker build -t gelu-serve --build-arg PIP_NO_INDEX=1 .       # offline, from ./wheels
 #
 # ./wheels is searched in every case (PIP_FIND_LINKS); `docker/fetch-wheels.sh` fills it.
+# The installs are uv's, given the PIP_* settings (workbench/uv.py), as `make` installs.
 # The CUDA variant is Dockerfile.cuda. The load-test image is the `loadtest` target.
 ARG BASE_IMAGE=python:3.11-slim
 
@@ -12,7 +13,9 @@ FROM ${BASE_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_NO_CACHE=1 \
+    UV_PYTHON_DOWNLOADS=never
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_FIND_LINKS=/wheels
 ARG PIP_NO_INDEX=0
@@ -23,9 +26,14 @@ ENV PIP_INDEX_URL=${PIP_INDEX_URL} \
     PIP_FIND_LINKS=${PIP_FIND_LINKS} \
     PIP_NO_INDEX=${PIP_NO_INDEX} \
     PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL}
+# uv (the Makefile's UV_VERSION) for every stage's installs, run through workbench/uv.py so
+# that it installs as pip is configured here; none of it reaches the runtime image.
+ARG UV_VERSION=0.13.8
+COPY wheels/ /wheels/
+COPY workbench/uv.py /opt/uv/uv.py
+RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install "uv==${UV_VERSION}"
 
 FROM base AS build
-COPY wheels/ /wheels/
 WORKDIR /src
 COPY pyproject.toml README.md cli.py ./
 COPY contract/ contract/
@@ -40,24 +48,25 @@ RUN python3 -m venv /opt/build \
 # The training venv (torch) lives and goes within one RUN: the layer holds /models alone, and
 # its gigabyte is neither byte-compiled nor committed to a layer (together 50-60 s of a build).
 FROM base AS models
-COPY wheels/ /wheels/
 COPY --from=build /dist/ /dist/
-RUN python3 -m venv /tmp/train \
-    && /tmp/train/bin/pip install --no-compile "$(ls /dist/gelu_serve-*.whl)[cpu,train]" \
+RUN /opt/uv/bin/uv venv --quiet --python python3 /tmp/train \
+    && /opt/uv/bin/python /opt/uv/uv.py pip install --python /tmp/train/bin/python \
+        "$(ls /dist/gelu_serve-*.whl)[cpu,train]" \
     && /tmp/train/bin/gelu-serve models --repository /models --checkpoints /tmp/checkpoints \
     && rm -rf /tmp/train /tmp/checkpoints
 
+# Byte-compiled here, so that the image's server starts without compiling; no pip in it.
 FROM base AS venv
-COPY wheels/ /wheels/
 COPY --from=build /dist/ /dist/
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install "$(ls /dist/gelu_serve-*.whl)[cpu,signing]" \
-    && /opt/venv/bin/pip uninstall --yes pip
+RUN /opt/uv/bin/uv venv --quiet --python python3 /opt/venv \
+    && /opt/uv/bin/python /opt/uv/uv.py pip install --python /opt/venv/bin/python \
+        --compile-bytecode "$(ls /dist/gelu_serve-*.whl)[cpu,signing]"
 
 # Locust against the service (docker-compose's `loadtest` profile).
 FROM base AS loadtest
-COPY wheels/ /wheels/
-RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install "locust>=2.20" \
+RUN /opt/uv/bin/uv venv --quiet --python python3 /opt/venv \
+    && /opt/uv/bin/python /opt/uv/uv.py pip install --python /opt/venv/bin/python \
+        "locust>=2.20" \
     && rm -rf /wheels
 COPY bench/locustfile.py /bench/locustfile.py
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin locust

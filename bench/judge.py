@@ -3,6 +3,7 @@ and counted where the probe read the host at one speed for both (``HOST_MATCH``)
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable
@@ -107,10 +108,11 @@ def by_round(
     drives both a minute or two apart (batching on and off one right after the other), so a
     slow spell of the shared machine that spans the two cancels out, and the probe tells the
     spells that did not. A row without each round's ``measure`` (a report written before it
-    was kept) gives its median point's, unread."""
+    was kept) gives its median point's, unread. A round whose b read 0 (no answer in the
+    point's time: errors, ``bench.wrk``) has no ratio and is left out."""
     rounds = f"rounds_{measure}"
     if rounds not in a or rounds not in b:
-        return [(a[measure] / b[measure], None)]
+        return [(a[measure] / b[measure], None)] if b[measure] else []
     unread: list[dict[str, float]] = [{}] * len(a[rounds])
     return [
         (x / y, apart(p, q))
@@ -121,6 +123,7 @@ def by_round(
             b.get("rounds_host_ms", unread),
             strict=True,
         )
+        if y
     ]
 
 
@@ -131,6 +134,8 @@ def beside(results: Results, scenario: str, base: str, c: int) -> tuple[float, f
     ratios = by_round(results.find(results.http, scenario, c), results.find(results.http, base, c))
     alike = [ratio for ratio, far in ratios if far is None or far <= HOST_MATCH]
     judged = alike or [ratio for ratio, _ in ratios]
+    if not judged:  # the base answered nothing in any round
+        return math.nan, math.nan, math.nan
     return (statistics.median(judged), *interval(judged))
 
 
@@ -205,6 +210,10 @@ class Judge:
         rounds = [
             (ratio, far, far is None or far <= HOST_MATCH) for ratio, far in by_round(a, b, measure)
         ]
+        if not rounds:
+            base = b.get("scenario", "its base")
+            self.rows.append((name, f"not measured: {base} answered nothing", False))
+            return
         alike = [ratio for ratio, _, counted in rounds if counted]
         judged = alike or [ratio for ratio, _, _ in rounds]
         middle, (low, high) = statistics.median(judged), interval(judged)
@@ -306,7 +315,8 @@ class Judge:
         goal, floor_two = TARGET_WORKERS_GAIN, self.http(FLOOR_AS_SERVED_TWO)
         floor_one = self.http(FLOOR_AS_SERVED_ONE)
         if floor_two and floor_one and not errors_of(floor_two) + errors_of(floor_one):
-            floor_gain = statistics.median(r for r, _ in by_round(floor_two, floor_one))
+            gains = [r for r, _ in by_round(floor_two, floor_one)]
+            floor_gain = statistics.median(gains) if gains else goal
             if floor_gain < goal:
                 goal = round(floor_gain, 2)
         self.compare(

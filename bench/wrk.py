@@ -99,13 +99,19 @@ def run_wrk(
     raw = json.loads(line.removeprefix("WRKJSON "))
     seconds_run = raw["duration_us"] / 1e6
     answered = max(0, raw["requests"] - raw["status_errors"])
+    errors = raw["status_errors"] + raw["socket_errors"]
+    if not answered:
+        # wrk counts no request still in flight at the end: a server too slow to answer one
+        # within the run reads 0 requests and 0 errors. Each connection's request went
+        # unanswered, so the point counts as failed, never as an error-free 0 req/s.
+        errors = max(errors, connections)
     return {
         "requests": raw["requests"],
         "request_bytes": len(request.body),
         "rps": answered / seconds_run,
         "p50_ms": raw["p50_us"] / 1000,
         "p99_ms": raw["p99_us"] / 1000,
-        "errors": raw["status_errors"] + raw["socket_errors"],
+        "errors": errors,
         # wrk's own CPU time over the run (it is this process's only child meanwhile)
         "client_cores": (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         / seconds_run,

@@ -9,9 +9,12 @@ cd "$(dirname "$0")/.."
 dest=${1:-wheels}
 python=${PYTHON:-python3}
 extras=${EXTRAS:-cpu,train,signing}
+# The images install with uv, of the version the Dockerfile pins.
+uv_version=$(sed -n 's/^ARG UV_VERSION=//p' Dockerfile)
 # shellcheck disable=SC2086
 "$python" -m pip download --quiet --dest "$dest" ${PIP_DOWNLOAD_ARGS:-} \
-    ".[${extras}]" "locust>=2.20" setuptools wheel 2> >(grep -v "^WARNING: Location" >&2)
+    ".[${extras}]" "locust>=2.20" setuptools wheel "uv==${uv_version}" \
+    2> >(grep -v "^WARNING: Location" >&2)
 # pip saves the project itself too; the images build it from source.
 rm -f "$dest"/gelu[-_]serve-*
 echo "$(find "$dest" -name '*.whl' | wc -l) wheels in $dest ($(du -sh "$dest" | cut -f1))"

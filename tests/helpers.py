@@ -1,12 +1,13 @@
 """Helpers shared by the service tests: inputs, requests, the error shape, a model loaded on
-its own, the settings -> core -> app -> client chain (and a core started alone), and waiting
-in a coroutine."""
+its own, the settings -> core -> app -> client chain (and a core started alone), waiting in a
+coroutine, and a gate that holds a model's first run so that requests queue behind it."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    import pytest
     from fastapi.testclient import TestClient
 
     from service.dataplane import DataPlane
@@ -156,3 +158,34 @@ async def until(
     while not (await condition() if inspect.iscoroutinefunction(condition) else condition()):
         assert time.monotonic() < deadline, what
         await asyncio.sleep(every)
+
+
+class Gate:
+    """Wraps a served model's infer: records the marks (first value) of each run's rows, and
+    holds the first run until ``open`` is set, so that later requests queue."""
+
+    def __init__(self, plane: DataPlane, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.runs: list[list[int]] = []
+        self.open = threading.Event()
+        served = plane.started_repository().get(name)
+        batcher = served.scheduler._batcher
+        assert batcher is not None
+        self._batcher = batcher
+        model = served.model
+        real = model.infer
+
+        def infer(inputs, outputs=None):
+            self.runs.append([int(v) for v in inputs["input"][:, 0]])
+            if len(self.runs) == 1:
+                self.open.wait(10)
+            return real(inputs, outputs)
+
+        monkeypatch.setattr(model, "infer", infer)
+
+    async def first_running(self) -> None:
+        await until(lambda: bool(self.runs), "the first run started", every=0.001)
+
+    async def queued(self, count: int) -> None:
+        """Until ``count`` requests wait in the model's queue."""
+        batcher = self._batcher
+        await until(lambda: len(batcher._pending) == count, f"{count} queued", every=0.001)

@@ -73,6 +73,9 @@ class Measurement:
     ok: bool
     parts: dict[str, float] = field(default_factory=dict)  # seconds from the start of each part
     log: str = ""
+    # The host's 1-minute load average as the step started and ended: other work on the host
+    # falls on both revisions only roughly, so the figures are read beside it.
+    load: list[float] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -231,6 +234,7 @@ def measure(plan: Plan, step: str, label: str, round_: int) -> Measurement:
         scratch = Path(tempfile.mkdtemp(prefix="cold-", dir=plan.out))
         env |= {"PIP_CACHE_DIR": str(scratch / "pip"), "UV_CACHE_DIR": str(scratch / "uv")}
     log_path = plan.out / "logs" / f"{name}.log"
+    load = [os.getloadavg()[0]]
     try:
         if step in ("run-warm", "run-cold", "prime"):
             seconds, ok, parts = time_run(clone_dir, env, log_path, plan.limit)
@@ -242,9 +246,12 @@ def measure(plan: Plan, step: str, label: str, round_: int) -> Measurement:
             shutil.rmtree(scratch, ignore_errors=True)
         if not plan.keep:
             shutil.rmtree(clone_dir, ignore_errors=True)
-    result = Measurement(step, label, revision, round_, round(seconds, 2), ok, parts, str(log_path))
+    load.append(os.getloadavg()[0])
+    result = Measurement(step, label, revision, round_, round(seconds, 2), ok, parts, str(log_path),
+                         [round(x, 2) for x in load])  # fmt: skip
     print(f"{step:9} {label} ({revision[:9]}) round {round_}: {seconds:7.1f} s"
-          f"{'' if ok else '  FAILED'}  {parts}", flush=True)  # fmt: skip
+          f"{'' if ok else '  FAILED'}  load {load[0]:.1f}-{load[1]:.1f}  {parts}",
+          flush=True)  # fmt: skip
     return result
 
 
@@ -347,8 +354,8 @@ def markdown(report: dict[str, object], results: list[Measurement]) -> str:
         f"Old: `{revisions['old'][:9]}`, new: `{revisions['new'][:9]}`, each from a fresh "
         f"`git clone`, taking turns; command: `{report['command']}`.",
         "",
-        "| step | old (s) | new (s) | new / old | target | pairs |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| step | old (s) | new (s) | new / old | target | pairs | load |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for step, old, new, pairs in rows(results):
         ratio = new / old if old and new else None
@@ -358,13 +365,21 @@ def markdown(report: dict[str, object], results: list[Measurement]) -> str:
         lines.append(
             f"| {step} | {_seconds(old)} | {_seconds(new)} | "
             f"{'' if ratio is None else f'{ratio:.2f}'} | "
-            f"{'' if target is None else f'<= {target:.2f}'}{verdict} | {pairs} |"
+            f"{'' if target is None else f'<= {target:.2f}'}{verdict} | {pairs} | "
+            f"{load_range(results, step.split(':')[0])} |"
         )
     failed = [m for m in results if not m.ok]
     for m in failed:
         lines.append(f"\n{m.step} of {m.label} (round {m.round}) failed after {m.seconds} s: "
                      f"see {m.log}.")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def load_range(results: list[Measurement], step: str) -> str:
+    """The least and most 1-minute load average seen at the start and end of ``step``'s
+    successful measurements: ``2.1-6.3``."""
+    loads = [x for m in results if m.step == step and m.ok for x in m.load]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else ""
 
 
 def _seconds(value: float | None) -> str:

@@ -20,6 +20,10 @@ from service.tls import TlsFiles
 
 logger = logging.getLogger("gelu_serve")
 
+# How long an idle TLS connection closed at shutdown waits for its client's close_notify:
+# clients between requests do not read, so they never answer it (see GracefulServer).
+TLS_CLOSE_GRACE_SECONDS = 0.5
+
 
 def http_options(settings: Settings) -> dict[str, Any]:
     """How the service's uvicorn serves HTTP: its protocol with the connection limits of
@@ -116,6 +120,14 @@ class GracefulServer(uvicorn.Server):
     connections and lets in-flight and queued requests finish within ``graceful_seconds``;
     connections still open then are closed (their requests cancelled as a departed client's,
     quietly). Replaced TLS certificate files are read again while serving.
+
+    uvicorn closes the connections idle at shutdown at once; over TLS a close sends
+    close_notify and then waits for the client's (the loop's ``ssl_shutdown_timeout``, 30 s)
+    before the connection counts as gone, and a client between requests is not reading, so an
+    idle keep-alive connection held the stop for the whole graceful period. Those connections
+    are aborted ``TLS_CLOSE_GRACE_SECONDS`` after their close_notify went out (RFC 8446 6.1
+    lets the closing side not wait for the reply); none of them has a response still being
+    written.
     """
 
     def __init__(self, config: uvicorn.Config, graceful_seconds: float) -> None:
@@ -135,10 +147,20 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
         closing = loop.call_later(self._graceful_seconds, self._close_connections)
+        # Before uvicorn's shutdown closes them (no await in between: no request can start).
+        idle = [c for c in self.server_state.connections if _idle(c)] if self.config.is_ssl else []
+        aborting = loop.call_later(TLS_CLOSE_GRACE_SECONDS, self._abort, idle)
         try:
             await super().shutdown(sockets)
         finally:
             closing.cancel()
+            aborting.cancel()
+
+    def _abort(self, idle: list[Any]) -> None:
+        """Abort those of ``idle`` (closed with close_notify at shutdown) still open."""
+        for connection in idle:
+            if connection in self.server_state.connections:
+                connection.transport.abort()
 
     def _close_connections(self) -> None:
         connections = list(self.server_state.connections)
@@ -150,7 +172,9 @@ class GracefulServer(uvicorn.Server):
                 self._graceful_seconds,
             )
         for connection in connections:
-            connection.transport.close()
+            transport = connection.transport
+            # A TLS connection already closing waits for its client's close_notify: abort.
+            transport.abort() if transport.is_closing() else transport.close()
 
     async def on_tick(self, counter: int) -> bool:
         # uvicorn ticks every 0.1 s: replaced certificate files are looked for every second.
@@ -162,3 +186,11 @@ class GracefulServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         """None: the host that runs this server handles SIGTERM and SIGINT."""
         yield
+
+
+def _idle(connection: Any) -> bool:
+    """Whether ``connection`` is between requests, as uvicorn's shutdown tells (it closes these
+    at once), with nothing of its last response held back for a slow reader."""
+    cycle, flow = getattr(connection, "cycle", None), getattr(connection, "flow", None)
+    idle = cycle is None or cycle.response_complete
+    return bool(idle and not (flow is not None and flow.write_paused))

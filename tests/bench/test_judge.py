@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench.judge import targets
+import json
+import math
+
+from bench import compare
+from bench.judge import beside, by_round, targets
 from bench.results import (
     FLOOR_AS_SERVED_ONE,
     FLOOR_AS_SERVED_TWO,
@@ -194,3 +198,35 @@ def test_priority_under_overload_is_judged_within_each_pass() -> None:
     results.priority[3]["rounds_refused_per_s"] = [800, 0, 800]  # and one pass refusing none
     rows = {target: (shown, met) for target, shown, met in targets(results, "large")}
     assert not rows[tail][1] and not rows[refused][1]
+
+
+def test_a_round_whose_base_answered_nothing_has_no_ratio(tmp_path) -> None:
+    """A point that read 0 requests/s (a server too slow to answer within the point's time)
+    divides nothing: its round is left out of the ratios, and with no round left the row says
+    it was not measured (and bench.compare leaves it out), never a ZeroDivisionError."""
+
+    def point(scenario: str, rounds: list[float], errors: int = 0) -> dict:
+        return {"scenario": scenario, "concurrency": 1, "rps": sorted(rounds)[1],
+                "rounds_rps": rounds, "errors": errors}  # fmt: skip
+
+    on, off = (
+        point("v1 predict, batching on", [100, 0, 300]),
+        point("v1 predict, batching off", [50, 0, 150]),
+    )
+    assert by_round(on, off) == [(2.0, None), (2.0, None)]
+    off["rounds_rps"] = [0, 0, 0]
+    assert by_round(on, off) == []
+    assert by_round({"rps": 5}, {"rps": 0}) == []  # a report without rounds
+    results = Results(environment={}, http=[on, off])
+    assert all(math.isnan(x) for x in beside(results, on["scenario"], off["scenario"], 1))
+    measured = {target: (shown, met) for target, shown, met in targets(results, "large")}
+    assert measured["v1 at c=1: batching on >= off"] == (
+        "not measured: v1 predict, batching off answered nothing",
+        False,
+    )
+    # bench.compare (the A/B runs): the row that cannot be read is left out
+    for tree in ("old", "new"):
+        run = {"http": [{**on, "scenario": "v1 predict, batching on"},
+                        {**off, "scenario": "v1 predict, batching off"}]}  # fmt: skip
+        (tmp_path / f"{tree}-1.json").write_text(json.dumps(run))
+    assert compare.table(tmp_path).count("\n") == 1  # the header alone

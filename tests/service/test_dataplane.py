@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +27,6 @@ from service.rest.app import create_app
 from service.runtime import Model
 from tests.helpers import DIGITS, assert_error
 
-ROOT = Path(__file__).resolve().parents[2]
 V1 = "/v1/models/slow:predict"
 ROW = DIGITS[0].tolist()
 
@@ -165,31 +162,6 @@ async def test_core_checks_requests_against_the_model(settings_factory) -> None:
             await core.activations.evaluate("swish", np.zeros(1, np.float32))
     finally:
         await core.stop()
-
-
-@pytest.mark.slow
-def test_service_tests_run_without_torch() -> None:
-    """The service's own tests, with torch and models/ unimportable, as in a serving install."""
-    script = """
-import sys
-
-class Absent:  # what a serving install lacks: importing it fails, as there
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "models", "sklearn", "onnxscript"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-
-sys.meta_path.insert(0, Absent())
-import pytest
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/service",
-                      "tests/contract"]))
-"""
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert " passed" in result.stdout, result.stdout[-500:]
-    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert all("GPU" in line for line in skips), skips  # nothing skipped for want of torch
 
 
 @pytest.mark.anyio

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,10 @@ import pytest
 
 from contract.model_config import QueuePolicy, SchedulingPolicy, load_model_config
 from contract.names import CONFIG_FILENAME
-from service.dataplane import DataPlane
 from service.errors import DeadlineExceededError
 from service.inference import InferenceRequest, RequestInput
 from service.rest.app import create_app
-from tests.helpers import assert_error
+from tests.helpers import Gate, assert_error, until
 from tests.onnx_models import write_model
 
 # Level 1 refuses a request 200 ms after it came, or sooner if the request says so; level 2
@@ -57,44 +55,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with_policy(root, "strict", STRICT)
     write_model(root, "plain", 1, max_batch_size=4)
     return root
-
-
-class Gate:
-    """Wraps a served model's infer: records the marks (first value) of each run's rows, and
-    holds the first run until ``open`` is set, so that later requests queue."""
-
-    def __init__(self, plane: DataPlane, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.runs: list[list[int]] = []
-        self.open = threading.Event()
-        served = plane.started_repository().get(name)
-        batcher = served.scheduler._batcher
-        assert batcher is not None
-        self._batcher = batcher
-        model = served.model
-        real = model.infer
-
-        def infer(inputs, outputs=None):
-            self.runs.append([int(v) for v in inputs["input"][:, 0]])
-            if len(self.runs) == 1:
-                self.open.wait(10)
-            return real(inputs, outputs)
-
-        monkeypatch.setattr(model, "infer", infer)
-
-    async def first_running(self) -> None:
-        await until(lambda: bool(self.runs))
-
-    async def queued(self, count: int) -> None:
-        """Until ``count`` requests wait in the model's queue."""
-        await until(lambda: len(self._batcher._pending) == count)
-
-
-async def until(check: Callable[[], bool], seconds: float = 10) -> None:
-    """Poll ``check`` on the loop until it holds."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.001)
 
 
 @asynccontextmanager
@@ -208,7 +168,8 @@ def test_a_request_shortens_its_timeout_only_where_the_policy_allows(
             await strict.first_running()
             short = infer(client, "ranked", 2, priority=1, timeout=1_000)
             ignored = infer(client, "strict", 2, timeout=1_000)
-            await until(short.done)  # refused at 1 ms, while the instance is still busy
+            # refused at 1 ms, while the instance is still busy
+            await until(short.done, "the short request refused", every=0.001)
             await strict.queued(1)
             await asyncio.sleep(0.01)  # past its 1 ms, still queued
             ranked.open.set()
@@ -244,7 +205,7 @@ def test_a_client_deadline_sooner_than_the_timeout_is_the_deadline(
 
             soon = asyncio.ensure_future(plane.infer("ranked", None, request(2, 0.01)))
             late = asyncio.ensure_future(plane.infer("ranked", None, request(3, 60)))
-            await until(soon.done)
+            await until(soon.done, "the request due soon answered", every=0.001)
             await gate.queued(1)
             gate.open.set()
             answers = await asyncio.gather(holding, soon, late, return_exceptions=True)

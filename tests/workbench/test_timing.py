@@ -82,6 +82,7 @@ def test_two_revisions_are_timed_from_fresh_clones(repository: Path, tmp_path: P
         ("ci", "new"), ("ci", "old"),
     ]  # fmt: skip
     assert all(m["ok"] for m in measured), measured
+    assert all(len(m["load"]) == 2 and min(m["load"]) >= 0 for m in measured), measured
     run = next(m for m in measured if m["step"] == "run-warm")
     assert 0 <= run["parts"]["models"] <= run["parts"]["serve"] < run["seconds"]
     # Each revision's own Makefile ran: the old one's `make test` sleeps longer.
@@ -107,15 +108,17 @@ def test_a_run_that_never_answers_is_a_failure(repository: Path, tmp_path: Path)
     assert "run-warm of new (round 1) failed" in (out / "workbench.md").read_text()
 
 
-def measurement(step: str, label: str, seconds: float, **parts: float) -> Measurement:
-    return Measurement(step, label, "0" * 40, 1, seconds, True, parts)
+def measurement(
+    step: str, label: str, seconds: float, load: tuple[float, float] = (1.0, 2.0), **parts: float
+) -> Measurement:
+    return Measurement(step, label, "0" * 40, 1, seconds, True, parts, "", list(load))
 
 
 def test_the_table_takes_medians_and_judges_the_targets() -> None:
     results = [
         measurement("run-warm", "old", 150), measurement("run-warm", "new", 40),
         measurement("run-warm", "old", 160), measurement("run-warm", "new", 50),
-        measurement("run-warm", "new", 60),
+        measurement("run-warm", "new", 60, load=(0.5, 6.3)),
         measurement("ci", "old", 1000, e2e=700), measurement("ci", "new", 800, e2e=400),
     ]  # fmt: skip
     assert rows(results) == [
@@ -128,8 +131,9 @@ def test_the_table_takes_medians_and_judges_the_targets() -> None:
               "floor_rps": 3800.0, "host": {"cpu": "x", "cores": 2, "memory_gib": 24,
                                            "kernel": "k", "python": "3.11"}}  # fmt: skip
     page = markdown(report, results)
-    assert "| run-warm | 155.0 | 50.0 | 0.32 | <= 0.30 MISSED | 2 |" in page
-    assert "| ci: make test | 700.0 | 400.0 | 0.57 | <= 0.70 met | 1 |" in page
+    # the load average beside each step, its least and most over the step's measurements
+    assert "| run-warm | 155.0 | 50.0 | 0.32 | <= 0.30 MISSED | 2 | 0.5-6.3 |" in page
+    assert "| ci: make test | 700.0 | 400.0 | 0.57 | <= 0.70 met | 1 | 1.0-2.0 |" in page
     assert "floor (one pinned core, c=64) 3,800 requests/s" in page
 
 

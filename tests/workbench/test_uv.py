@@ -100,3 +100,14 @@ def test_pip_s_own_report_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "constraint": "/c.txt",
     }
     assert pip_settings(["/nonexistent/python"]) is None
+
+
+def test_the_images_install_with_the_makefiles_uv() -> None:
+    """The Dockerfile's ARG UV_VERSION (docker/fetch-wheels.sh downloads it) is the Makefile's."""
+    root = Path(__file__).resolve().parents[2]
+
+    def pinned(path: str, prefix: str) -> str:
+        (line,) = [x for x in (root / path).read_text().splitlines() if x.startswith(prefix)]
+        return line.removeprefix(prefix).strip()
+
+    assert pinned("Dockerfile", "ARG UV_VERSION=") == pinned("Makefile", "UV_VERSION :=")

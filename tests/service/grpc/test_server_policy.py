@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from service.dataplane import DataPlane
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.grpc.server import GrpcServer, client_deadline
+from tests.helpers import Gate
 from tests.onnx_models import write_model
 
 # Two levels, the default the lower; the lower holds at most one waiting request.
@@ -38,44 +38,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = load_model_config(path.read_text())
     path.write_text(dataclasses.replace(config, scheduling=RANKED).to_pbtxt())
     return root
-
-
-class Gate:
-    """Wraps a served model's infer: records the marks (first value) of each run's rows, and
-    holds the first run until ``open`` is set, so that later requests queue."""
-
-    def __init__(self, plane: DataPlane, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.runs: list[list[int]] = []
-        self.open = threading.Event()
-        served = plane.started_repository().get(name)
-        batcher = served.scheduler._batcher
-        assert batcher is not None
-        self._batcher = batcher
-        model = served.model
-        real = model.infer
-
-        def infer(inputs, outputs=None):
-            self.runs.append([int(v) for v in inputs["input"][:, 0]])
-            if len(self.runs) == 1:
-                self.open.wait(10)
-            return real(inputs, outputs)
-
-        monkeypatch.setattr(model, "infer", infer)
-
-    async def first_running(self) -> None:
-        await until(lambda: bool(self.runs))
-
-    async def queued(self, count: int) -> None:
-        """Until ``count`` requests wait in the model's queue."""
-        await until(lambda: len(self._batcher._pending) == count)
-
-
-async def until(check: Callable[[], bool], seconds: float = 10) -> None:
-    """Poll ``check`` on the loop until it holds."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.001)
 
 
 @asynccontextmanager

@@ -1,5 +1,6 @@
 """``gelu-serve serve``: one process, or workers that each accept their own connections; a
-stop fit for orchestrators (SIGTERM drains, no stalled upload holds it, exit 0)."""
+stop fit for orchestrators (SIGTERM drains, no stalled upload or idle TLS connection holds it,
+exit 0)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import http.client
 import json
 import signal
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -144,3 +146,53 @@ def test_a_graceful_stop_exits_0(model_repository: Path, signum: int) -> None:
     with running(model_repository) as (_, process):
         process.send_signal(signum)
         assert process.wait(timeout=20) == 0
+
+
+@pytest.mark.slow
+def test_an_idle_tls_connection_cannot_hold_shutdown(
+    model_repository: Path, tmp_path: Path
+) -> None:
+    """Over TLS a stopping server's close of an idle keep-alive connection sends close_notify
+    and waited for the client's, which a client between requests never sends: the stop took
+    the whole graceful period. The client now gets the close_notify and the server exits well
+    within that period, without its backstop."""
+    trustme = pytest.importorskip("trustme")  # the [dev] extra
+    ca, files = trustme.CA(), {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    issued = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    files["cert"].write_bytes(b"".join(pem.bytes() for pem in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(str(files["key"]))
+    context = ssl.create_default_context(cafile=str(files["ca"]))
+    graceful = 60.0
+    env = {"GELU_TLS_CERT_FILE": str(files["cert"]), "GELU_TLS_KEY_FILE": str(files["key"]),
+           "GELU_GRACEFUL_SHUTDOWN_SECONDS": str(graceful)}  # fmt: skip
+
+    def live(port: int) -> tuple[int, ssl.SSLSocket]:
+        """A GET of liveness over a kept-alive connection: the status and the connection."""
+        sock = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=10),
+            server_hostname="127.0.0.1",
+            suppress_ragged_eofs=False,  # an end without close_notify raises
+        )
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            answer += sock.recv(4096)
+        return int(answer.split()[1]), sock
+
+    def probe(port: int) -> int:
+        status, sock = live(port)
+        sock.close()
+        return status
+
+    with probed(model_repository, probe, env) as (port, process):
+        status, idle = live(port)
+        assert status == 200
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=graceful + 30) == 0
+        took = time.monotonic() - began
+        assert idle.recv(1) == b""  # close_notify, then the end
+        idle.close()
+    assert took < graceful / 4, took  # before: the graceful period, or the loop's 30 s
+    assert "still open after" not in process.output, process.output  # type: ignore[attr-defined]
