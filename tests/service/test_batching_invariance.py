@@ -248,7 +248,10 @@ def _cuda_lacking() -> str:
     offered = ort.get_available_providers()
     if CUDA in offered:
         return ""
-    return f"onnxruntime {ort.__version__} offers no {CUDA} here (it offers {', '.join(offered)})"
+    return (
+        f"needs a GPU: onnxruntime {ort.__version__} offers no {CUDA} here "
+        f"(it offers {', '.join(offered)})"
+    )
 
 
 @pytest.mark.anyio

@@ -647,10 +647,10 @@ def test_concurrent_grpc_calls_share_runs_with_the_default_settings(
 ) -> None:
     """With the defaults (small batches on the event loop, no queue delay), calls in flight
     together on one channel share runs, though grpcio's server hands them over one at a time:
-    64 at once, 20 times, take fewer runs than half the calls (before, each call was a run of
-    its own; now 60-80 runs in all). The server has a core of its own, as each of
-    `--workers N` on N cores, and the client the others. A busy process on the server's core
-    takes the turns grpcio's threads need: then 600-950 runs."""
+    64 at once, 20 times, take far fewer runs than calls (before, each call was a run of its
+    own; now 60-80 runs in all). The server has a core of its own, as each of `--workers N` on
+    N cores, and the client the others. A busy process on the server's core takes the turns
+    grpcio's threads need: then 600-950 runs, hence the bound of 4/5 of the calls."""
     cpus = os.sched_getaffinity(0)
     core = min(cpus)
     with grpc_server(model_repository) as server:
@@ -662,7 +662,7 @@ def test_concurrent_grpc_calls_share_runs_with_the_default_settings(
             os.sched_setaffinity(0, cpus)
         inferences, executions, *_ = runs_of_digits_mlp(server)
         assert inferences == 1280
-        assert executions < inferences / 2
+        assert executions < inferences * 4 / 5
 
 
 @pytest.mark.slow
