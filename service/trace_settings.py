@@ -71,8 +71,10 @@ class TraceSettings:
         if model is not None and not target:
             del self.models[model]
         server = self.server
-        self._every = not self.models and server["trace_level"][0] != "OFF" and (
-            server["trace_rate"] == 1 and server["trace_count"] == -1
+        self._every = (
+            not self.models
+            and server["trace_level"][0] != "OFF"
+            and (server["trace_rate"] == 1 and server["trace_count"] == -1)
         )
         return self.reply(model)
 

@@ -375,8 +375,19 @@ class RequestTrace:
             links = batch if stage == "compute" else ()
             into.append(exporting.span(stage, child, context, internal, start, end, None, links))
         status = _ERROR if self.status >= 500 else _OK
-        into.append(exporting.span(self.name, context, self.parent, trace.SpanKind.SERVER,
-                                   self.start_ns, self.end_ns, self.attributes, (), status))
+        into.append(
+            exporting.span(
+                self.name,
+                context,
+                self.parent,
+                trace.SpanKind.SERVER,
+                self.start_ns,
+                self.end_ns,
+                self.attributes,
+                (),
+                status,
+            )
+        )
 
 
 def batch_of(
