@@ -184,8 +184,8 @@ def serve_config(repository: Path, http_port: int, grpc_port: int) -> dict:
         max_replicas=2,
         target_ongoing_requests=2,
         upscale_delay_s=1,
-        downscale_delay_s=2,
-        look_back_period_s=1,
+        downscale_delay_s=4,
+        look_back_period_s=2,
     )
     return config
 
@@ -410,7 +410,7 @@ def test_the_service_on_a_two_node_ray_cluster(
 
         # A replica process killed under load: Ray replaces it.
         failed_before_kill = load.failed_first
-        victim = replicas[0]["pid"]
+        victim = wait_until(two_replicas, 30, 0.5, "two replicas still")[0]["pid"]
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         wait_until(
