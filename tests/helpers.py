@@ -160,18 +160,13 @@ async def until(
         await asyncio.sleep(every)
 
 
-class Gate:
-    """Wraps a served model's infer: records the marks (first value) of each run's rows, and
-    holds the first run until ``open`` is set, so that later requests queue."""
+class ModelGate:
+    """Wraps a model's infer: records the marks (first value) of each run's rows, and holds
+    the first run until ``open`` is set (its one instance busy, later requests queue)."""
 
-    def __init__(self, plane: DataPlane, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.runs: list[list[int]] = []
         self.open = threading.Event()
-        served = plane.started_repository().get(name)
-        batcher = served.scheduler._batcher
-        assert batcher is not None
-        self._batcher = batcher
-        model = served.model
         real = model.infer
 
         def infer(inputs, outputs=None):
@@ -184,6 +179,17 @@ class Gate:
 
     async def first_running(self) -> None:
         await until(lambda: bool(self.runs), "the first run started", every=0.001)
+
+
+class Gate(ModelGate):
+    """A ``ModelGate`` on a served model of ``plane``, which can also wait for its queue."""
+
+    def __init__(self, plane: DataPlane, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        served = plane.started_repository().get(name)
+        batcher = served.scheduler._batcher
+        assert batcher is not None
+        self._batcher = batcher
+        super().__init__(served.model, monkeypatch)
 
     async def queued(self, count: int) -> None:
         """Until ``count`` requests wait in the model's queue."""

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import socket
 import struct
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -28,7 +27,7 @@ from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.metrics import Metrics
 from service.runtime import Model
-from tests.helpers import load_model
+from tests.helpers import ModelGate, load_model
 from tests.onnx_models import write_model, write_variable
 from tests.servers import free_port, get, running, wait_until
 
@@ -57,28 +56,6 @@ def marked(mark: int) -> dict[str, np.ndarray]:
     return {"input": np.full((1, 64), float(mark), np.float32)}
 
 
-class Gate:
-    """Wraps a model's infer: records the marks of each run's rows, and holds the first run
-    until ``open`` is set (its one instance busy, later requests queue)."""
-
-    def __init__(self, model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.runs: list[list[int]] = []
-        self.open = threading.Event()
-        real = model.infer
-
-        def infer(inputs, outputs=None):
-            self.runs.append([int(v) for v in inputs["input"][:, 0]])
-            if len(self.runs) == 1:
-                self.open.wait(10)
-            return real(inputs, outputs)
-
-        monkeypatch.setattr(model, "infer", infer)
-
-    async def first_running(self) -> None:
-        while not self.runs:
-            await asyncio.sleep(0.001)
-
-
 def started(
     model: Model, max_batch_size: int, scheduling: SchedulingPolicy, inline: bool = False
 ) -> Batcher:
@@ -95,7 +72,7 @@ def submit(batcher: Batcher, mark: int, level: int, **options) -> asyncio.Future
 
 
 def test_batches_take_the_highest_level_first_each_in_order(model, monkeypatch) -> None:
-    gate = Gate(model, monkeypatch)
+    gate = ModelGate(model, monkeypatch)
 
     async def scenario():
         batcher = started(model, 2, TWO_LEVELS)
@@ -120,7 +97,7 @@ def test_inline_batches_take_the_highest_level_first(model, monkeypatch) -> None
     """On the event loop, a batch that fills as a request arrives runs then, in that
     request's turn, the highest level's requests first (its leader, still gathering, runs
     next, as without levels)."""
-    gate = Gate(model, monkeypatch)
+    gate = ModelGate(model, monkeypatch)
     gate.open.set()
 
     async def scenario():
@@ -141,7 +118,7 @@ def test_a_full_level_refuses_at_once_in_tritons_words(model, monkeypatch) -> No
     """A level holding its ``max_queue_size`` refuses the next request at once ("Exceeds
     maximum queue size", after its request id, as Triton's); another level is not held by it,
     and a client that leaves frees its place at once, never to run."""
-    gate = Gate(model, monkeypatch)
+    gate = ModelGate(model, monkeypatch)
     policy = SchedulingPolicy(2, 2, QueuePolicy(max_queue_size=1), ())
 
     async def scenario():
@@ -189,7 +166,7 @@ def test_reject_refuses_an_expired_request_before_it_runs(model, monkeypatch) ->
     """REJECT: a request still queued at its deadline fails ("Request timeout expired", as
     Triton's) and leaves the queue at once, freeing its place; it never runs. A request whose
     deadline passes while it runs is answered: a run is never cut short."""
-    gate = Gate(model, monkeypatch)
+    gate = ModelGate(model, monkeypatch)
     policy = SchedulingPolicy(default_queue_policy=QueuePolicy(max_queue_size=1))
 
     async def scenario():
@@ -220,7 +197,7 @@ def test_delay_lets_an_expired_request_wait_behind_those_in_time(model, monkeypa
     """DELAY: past its timeout, a request is neither refused nor eligible to time out again; it
     runs after its level's requests still in time (Triton's delayed queue), and before a lower
     level's."""
-    gate = Gate(model, monkeypatch)
+    gate = ModelGate(model, monkeypatch)
 
     async def scenario():
         batcher = started(model, 1, TWO_LEVELS)
