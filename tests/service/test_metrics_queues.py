@@ -26,7 +26,7 @@ from service.errors import NotFoundError
 from service.inference import InferenceRequest, RequestInput
 from service.metrics import FLUSH_SECONDS, Metrics
 from service.runtime import Model
-from tests.helpers import DIGITS, load_model
+from tests.helpers import DIGITS, load_model, until
 from tests.onnx_models import write_model
 from tests.servers import get, running, wait_until
 
@@ -58,11 +58,7 @@ class Gate:
         monkeypatch.setattr(Model, "infer", infer)
 
     async def until_running(self, runs: int) -> None:
-        for _ in range(1000):
-            if self.runs >= runs:
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{self.runs} runs started, not {runs}")
+        await until(lambda: self.runs >= runs, f"{runs} runs started", timeout=5, every=0.005)
 
 
 @pytest.fixture(scope="module")
@@ -231,12 +227,9 @@ async def test_a_retired_version_counts_until_its_requests_are_answered(
         draining = gauges(core.metrics)
         gate.open.set()
         await asyncio.gather(*flights)
-        for _ in range(100):  # the drain task releases the version on the loop's next turns
-            if ("gelu_inference_in_flight_requests", "digits-mlp", version) not in gauges(
-                core.metrics
-            ):
-                break
-            await asyncio.sleep(0.01)
+        # the drain task releases the version on the loop's next turns
+        key = ("gelu_inference_in_flight_requests", "digits-mlp", version)
+        await until(lambda: key not in gauges(core.metrics), "the version released", 1, 0.01)
         gone = gauges(core.metrics)
     finally:
         gate.open.set()
