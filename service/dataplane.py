@@ -230,13 +230,15 @@ class DataPlane:
         the control mode names at start (on_demand: the pinned ones) serving, less any
         unloaded on purpose since. Loads, unloads and evictions of other models never change
         it, and a model loading again keeps its old versions serving until the new set takes
-        over (Triton flips not ready while any model loads: server#7014)."""
+        over (Triton flips not ready while any model loads: server#7014). With
+        ``strict_readiness`` off, started and not draining is enough (Triton's
+        --strict-readiness=false)."""
         repository = self.repository
         return (
             self.activations.started
             and not self._draining
             and repository is not None
-            and not repository.missing()
+            and (not self.settings.strict_readiness or not repository.missing())
         )
 
     def _readiness_may_change(self) -> None:

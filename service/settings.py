@@ -336,7 +336,14 @@ class Settings(BaseSettings):
     exit_on_error: bool = Field(
         True,
         description="As Triton's --exit-on-error: refuse to start when a model fails to load; "
-        "false starts with the models that load and reports the rest unavailable.",
+        "false starts with the models that load and reports the rest unavailable (the server "
+        "not ready while GELU_STRICT_READINESS holds).",
+    )
+    strict_readiness: bool = Field(
+        True,
+        description="As Triton's --strict-readiness: true reports ready only when every model "
+        "the control mode names serves; false, as soon as the service has started (until a "
+        "drain), whatever models load. Each model's own ready answer is unchanged.",
     )
     warmup_runs: int = Field(
         2, ge=0, description="Inference runs per model at start-up, before readiness turns true."

@@ -54,6 +54,14 @@ class Faces:
         check = await self.health.Check(health_pb2.HealthCheckRequest(service=SERVICE))
         return status, ready, health_pb2.HealthCheckResponse.ServingStatus.Name(check.status)
 
+    async def reads(self, want: tuple[int, bool, str]) -> None:
+        """Until server readiness reads ``want`` on every face (health follows on the loop)."""
+
+        async def read() -> bool:
+            return await self.server() == want
+
+        await until(read, f"every face reports {want}")
+
     async def model(self, name: str, version: str = "") -> tuple[int, str]:
         """A model's readiness: HTTP status (V2's, and KServe V1's the same), and gRPC's
         ready flag or status code."""
@@ -139,8 +147,7 @@ async def test_every_model_of_the_repository_must_serve(
             assert await f.server() == NOT_READY
             return
         await until(lambda: f.core.ready, "the poller loaded the fixed model")
-        await until(f.server, "both faces report ready")  # health follows on the loop
-        assert await f.server() == READY
+        await f.reads(READY)
         assert await f.model("digits-mlp-tanh") == SERVING
         shutil.rmtree(repo / "digits-autoencoder")
         await until(lambda: "digits-autoencoder" not in f.core.model_names(), "unloaded")
@@ -246,3 +253,19 @@ async def test_a_drain_turns_readiness_first_while_requests_complete(
         ]  # fmt: skip
         v1 = await f.http.post("/v1/models/digits-mlp:predict", json={"instances": [[0.0] * 64]})
         assert v1.status_code == 200
+
+
+async def test_without_strict_readiness_a_failed_model_leaves_the_server_ready(
+    settings_factory, repo: Path
+) -> None:
+    """GELU_STRICT_READINESS=false, as Triton's --strict-readiness=false: the server is ready
+    once started though a configured model failed to load; that model's own answer still
+    says it does not serve, and a drain still turns the server not ready."""
+    break_config(repo, "digits-mlp-tanh")
+    overrides = {"exit_on_error": False, "strict_readiness": False}
+    async with faces(settings_factory, repo, **overrides) as f:
+        await f.reads(READY)
+        assert await f.model("digits-mlp-tanh") == NOT_LOADED
+        assert await f.model("digits-mlp") == SERVING
+        f.core.drain()
+        await f.reads(NOT_READY)
