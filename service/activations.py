@@ -149,7 +149,7 @@ class _Gaussian(Generic[V]):
 
     def __init__(self, g: Formula[V], x: V) -> None:
         self.a = g.clamp_above(g.op("Abs", x), GAUSSIAN_CLAMP)
-        self.pdf = g.scale(g.op("Exp", g.scale(g.mul(self.a, self.a), -0.5)), INV_SQRT_2PI)
+        self.pdf = g.scale(g.exp(g.scale(g.mul(self.a, self.a), -0.5)), INV_SQRT_2PI)
 
     def tail(self, g: Formula[V]) -> V:
         """Phi(-a) = phi(a) M(a): the left tail, relative-accurate however small."""
@@ -197,7 +197,7 @@ class _SigmoidForm:
     def _magnitude(self, g: Formula[V], x: V) -> tuple[V, V]:
         """|x| (clamped where the sigmoid has saturated) and e = exp(-|v(x)|)."""
         ax = g.clamp_above(g.op("Abs", x), SIGMOID_CLAMP)
-        return ax, g.op("Exp", g.op("Neg", self.v(g, ax)))
+        return ax, g.exp(g.op("Neg", self.v(g, ax)))
 
     def forward(self, g: Formula[V], x: V) -> V:
         """relu(x) - |x| e / (1 + e), e = exp(-|v|): no cancellation on either side."""
@@ -247,7 +247,7 @@ def _elu(g: Formula[V], x: V) -> V:
 
 def _elu_derivative(g: Formula[V], x: V) -> V:
     """exp(min(x, 0)): 1 for x > 0."""
-    return g.op("Exp", g.clamp_above(x, 0.0))
+    return g.exp(g.clamp_above(x, 0.0))
 
 
 def _relu_derivative(g: Formula[V], x: V) -> V:

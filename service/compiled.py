@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from service.formula import Builder, Formula
+from service.formula import EXP_HIGHEST, EXP_LOWEST, Builder, Formula
 
 try:
     import llvmlite.binding as llvm
@@ -38,7 +38,6 @@ LOG2_E = 1.4426950408889634
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
 EXP_TERMS = 11
-EXP_LOWEST, EXP_HIGHEST = -708.0, 709.0  # 2^k stays a normal double
 SHIFTER = 1.5 * 2.0**52  # k + SHIFTER holds k + 2^51 in its low 52 bits, for |k| < 2^51
 # tanh(u) for |u| < 1/4: its odd Taylor series to u^15 (within 2e-13 relative); above, from
 # exp(-2|u|), where 1 - e loses at most 2 bits.
@@ -117,6 +116,9 @@ class _Loop(Formula[Any]):
         if op_type in ("Cast", "Identity"):  # every value is a double until the store
             return x
         raise ValueError(f"no compiled form of the op {op_type}")
+
+    def exp(self, a: ir.Value) -> ir.Value:  # _exp holds its argument itself
+        return self._exp(a)
 
     def _exp(self, x: ir.Value) -> ir.Value:
         b = self.b

@@ -7,6 +7,10 @@ from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
+# exp's argument is held where 2^k stays a normal double: below, e^a would be an exact 0, and
+# a formula that carries a zero's sign through e (x e^-|v| for x < 0) would lose it.
+EXP_LOWEST, EXP_HIGHEST = -708.0, 709.0
+
 
 class Formula(Generic[V]):
     """Writes a formula as elementwise ops; each call returns the value it produced.
@@ -44,6 +48,11 @@ class Formula(Generic[V]):
 
     def clamp_above(self, a: V, k: float) -> V:
         return self.op("Min", a, self.const(k))
+
+    def exp(self, a: V) -> V:
+        """e^a for a held to [EXP_LOWEST, EXP_HIGHEST]: never an exact 0 or inf."""
+        held = self.op("Max", self.clamp_above(a, EXP_HIGHEST), self.const(EXP_LOWEST))
+        return self.op("Exp", held)
 
     def step(self, x: V) -> V:
         """1 where x > 0, else 0 (NaN gives 0: every caller carries NaN through another term)."""

@@ -505,3 +505,16 @@ def test_the_shipped_fits_are_bench_fits() -> None:
         np.testing.assert_allclose(
             getattr(activations, name), np.asarray(derived[name], float), rtol=1e-8
         )
+
+
+def test_the_graphs_keep_a_zeros_sign_where_exp_underflows() -> None:
+    """Far out e^-|v| is below float64's range: with exp's argument held (``Formula.exp``) as
+    the compiled loop holds it, the graphs give the compiled kernel's bits, a negative zero
+    left of 0 (before, +0 below -745 for silu: docs/accuracy-exhaustive.md)."""
+    x = np.append(-np.geomspace(30.0, 3e38, 200), [-np.inf, np.inf]).astype(np.float32)
+    graphs, compiled = accuracy.evaluator(compile=False), accuracy.evaluator(compile=True)
+    for name in ACTIVATIONS:
+        for derivative in (False, True):
+            got = graphs.evaluate(name, x, derivative)
+            want = compiled.evaluate(name, x, derivative)
+            assert got.tobytes() == want.tobytes(), (name, derivative)
