@@ -123,7 +123,10 @@ class DataPlane:
         self.restrictions = Restrictions.from_settings(settings)
         self.tracing: Tracing | None = None  # OpenTelemetry, when OTEL_TRACES_EXPORTER asks
         budget = settings.response_cache_bytes  # Triton's response cache, for models that ask
-        self.cache = ResponseCache(budget) if budget else None
+        self.cache = cache = ResponseCache(budget) if budget else None
+        if cache is not None and not self.metrics.multiprocess:
+            # Read at scrape time: a Gauge's set takes a lock, and a miss would pay it.
+            self.metrics.cache_bytes.set_function(lambda: cache.used)
         self.trace_settings = TraceSettings(enabled=False)  # Triton's trace extension
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -483,16 +486,18 @@ class DataPlane:
         """A cached model's key for this request (its ``owners``, ``_answerers``), and its
         answer if the cache has it (a hit timed as Triton's ``cache_hit``; a miss's lookup is
         timed with its insertion)."""
-        model = owners[0]
         began = time.perf_counter_ns()
         key = cache.key(owners, inputs, names)
         hit = cache.get(key)
+        took = time.perf_counter_ns() - began
         if hit is not None:
-            statistics.cache_hit.add(time.perf_counter_ns() - began)
-            self.metrics.cache_lookups.labels(model.name, "hit").inc()
+            statistics.cache_hit.add(took)
+            self.metrics.cache_lookups.labels(owners[0].name, "hit").inc()
         else:
-            statistics.cache_miss.add(time.perf_counter_ns() - began)
-            self.metrics.cache_lookups.labels(model.name, "miss").inc()
+            miss = statistics.cache_miss  # its insertion's time is added by _keep
+            miss.count += 1
+            miss.ns += took
+            self.metrics.cache_lookups.labels(owners[0].name, "miss").inc()
         return key, hit
 
     def _keep(
@@ -506,7 +511,8 @@ class DataPlane:
         began = time.perf_counter_ns()
         cache.put(key, results, owners)
         statistics.cache_miss.ns += time.perf_counter_ns() - began  # a miss: lookup + insertion
-        self.metrics.cache_bytes.set(cache.used)
+        if self.metrics.multiprocess:  # each worker's own bytes, summed (livesum)
+            self.metrics.cache_bytes.set(cache.used)
 
     # ---- wire formats --------------------------------------------------------------------------
 

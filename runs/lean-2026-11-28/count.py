@@ -111,6 +111,8 @@ def main(repository: str, requests: int, concurrency: int, mode: str) -> None:
     loop.run_until_complete(together(max(requests // 4, concurrency)))
     flush(app)
     warm_headers.clear()
+    runs = app.state.dataplane.started_repository().get(model).runs.statistics
+    before = runs.inference_count, runs.execution_count
     instrument(True)
     began = time.perf_counter()
     loop.run_until_complete(together(requests))
@@ -118,6 +120,9 @@ def main(repository: str, requests: int, concurrency: int, mode: str) -> None:
     took = time.perf_counter() - began
     instrument(False)
     print(f"{mode} c={concurrency}: {took / requests * 1e6:.1f} us/request", file=sys.stderr)
+    samples, batches = runs.inference_count - before[0], runs.execution_count - before[1]
+    print(f"{mode} c={concurrency}: mean batch {samples / max(batches, 1):.1f} "
+          f"({samples} samples in {batches} runs)", file=sys.stderr)
     assert set(statuses) == {200}, set(statuses)
     loop.run_until_complete(inbox.put({"type": "lifespan.shutdown"}))
     loop.run_until_complete(task)

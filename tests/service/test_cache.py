@@ -3,7 +3,9 @@ them, never keep errors, stay within their byte budget and go with a retired ver
 
 from __future__ import annotations
 
+import gc
 import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +69,27 @@ async def test_a_repeated_request_is_answered_from_the_cache(settings_factory, c
         assert 'gelu_response_cache_lookups_total{model="digits-mlp-tanh"' not in exposed
         tanh: dict = core.statistics("digits-mlp-tanh")[0]["inference_stats"]  # type: ignore[assignment]
         assert tanh["cache_hit"]["count"] == tanh["cache_miss"]["count"] == 0
+    finally:
+        await core.stop()
+
+
+async def test_the_bytes_gauge_reads_what_the_cache_holds(settings_factory, cached_repo) -> None:
+    """In one process the gauge is read at scrape time (no lock per miss), and says what the
+    cache holds after misses and after a version's entries go."""
+    settings = settings_factory(
+        model_repository=cached_repo, response_cache_bytes=1 << 20,
+        model_control_mode="explicit", load_models=["digits-mlp"],
+    )  # fmt: skip
+    core = DataPlane(settings)
+    await core.start()
+    try:
+        for rows in (DIGITS[:1], DIGITS[1:3]):
+            await core.infer("digits-mlp", None, _request(rows))
+        assert core.cache is not None and len(core.cache) == 2
+        exposed = core.metrics.exposition().decode()
+        assert f"gelu_response_cache_bytes {float(core.cache.used)}" in exposed
+        await ModelControl.over(core).unload("digits-mlp")
+        assert "gelu_response_cache_bytes 0.0" in core.metrics.exposition().decode()
     finally:
         await core.stop()
 
@@ -144,6 +167,61 @@ def test_an_entry_is_keyed_by_every_owner_and_goes_with_any_of_them() -> None:
     assert cache.get(key) is None and len(cache) == 0 and cache.used == 0
 
 
+def test_a_second_miss_of_the_same_request_is_counted_once() -> None:
+    """Two misses of one request in flight both put their answer: the first is kept, and the
+    bytes are counted once."""
+    owner = object()
+    cache = ResponseCache(budget=1 << 20)
+    key = cache.key((owner,), {"input": DIGITS[:1]}, None)
+    cache.put(key, {"logits": np.ones((1, 10), np.float32)}, (owner,))
+    used = cache.used
+    cache.put(key, {"logits": np.zeros((1, 10), np.float32)}, (owner,))
+    kept = cache.get(key)
+    assert len(cache) == 1 and cache.used == used
+    assert kept is not None and kept["logits"][0, 0] == 1.0
+
+
+def test_owners_live_while_their_entries_may_and_go_with_them() -> None:
+    """A key names its owners by id: the cache holds each owner until it is dropped, so no
+    other object can take its id (and answer from its entries) while an entry carries it."""
+
+    class Version:
+        pass
+
+    owner = Version()
+    gone = weakref.ref(owner)
+    cache = ResponseCache(budget=1 << 20)
+    key = cache.key((owner,), {"input": DIGITS[:1]}, None)
+    cache.put(key, {"logits": np.ones((1, 10), np.float32)}, (owner,))
+    del owner
+    gc.collect()
+    held = gone()
+    assert held is not None  # the cache keeps it while an entry may carry its id
+    cache.drop(held)
+    del held
+    gc.collect()
+    assert gone() is None and len(cache) == 0 and cache.used == 0
+
+
+def test_entries_hold_nothing_the_collector_keeps_visiting() -> None:
+    """A filling cache must not make the collector's passes heavier for every request: after
+    two collections (a tuple is untracked once its items are), neither an entry's key nor
+    its answer is tracked by the collector."""
+    owner = object()
+    cache = ResponseCache(budget=1 << 20)
+    for name, inputs in (
+        ("one", {"input": DIGITS[:1]}),
+        ("two", {"a": DIGITS[:1], "b": DIGITS[1:2]}),
+    ):
+        key = cache.key((owner,), inputs, ["logits"])
+        cache.put(key, {"logits": np.ones((1, 10), np.float32)}, (owner,))
+        gc.collect()
+        gc.collect()
+        stored = next(k for k in cache._entries if k == key)
+        assert not gc.is_tracked(stored), name
+        assert not any(gc.is_tracked(part) for part in cache._entries[key]), name
+
+
 async def test_an_ensemble_never_answers_from_a_step_version_gone_by(
     settings_factory, tmp_path: Path, model_repository: Path
 ) -> None:
@@ -194,6 +272,7 @@ def test_the_same_bytes_under_another_datatype_shape_or_name_is_another_key() ->
             "float32": {"input": raw[None]},
             "int32": {"input": raw.view(np.int32)[None]},
             "uint8": {"input": raw.view(np.uint8)[None]},
+            "byteswapped": {"input": raw.view(raw.dtype.newbyteorder())[None]},
             "reshaped": {"input": raw.reshape(2, -1)},
             "renamed": {"other": raw[None]},
         }
