@@ -40,6 +40,8 @@ CONTENTS_FIELD = {
 
 def parameter_values(parameters: Any) -> dict[str, Any]:
     """A protobuf map of ``InferParameter`` as plain Python values."""
+    if not parameters:  # most requests have none; walking an empty map is not free
+        return {}
     return {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
             for key, value in parameters.items()}  # fmt: skip
 

@@ -10,14 +10,15 @@ method translates to the same ``DataPlane`` call the HTTP routes make (model con
 statistics and metrics (Triton's ModelStreamInfer takes many requests on one call, each
 answered as ModelInfer would answer it); a ``ServiceError`` becomes one gRPC status
 (``STATUS_CODES``) with its message. The HTTP face's connection limits hold here too, in
-grpcio's terms (``GrpcServer``, ``ReadWithin``).
+grpcio's terms (``GrpcServer``, ``Envelope.method``).
 
 Every method of every service is served inside one ``Envelope``: request id, the credentials
 of the method's route class, the message-size bound, the share of streams, metrics, the access
-log and the trace's end. The envelope is in the methods themselves (``InferenceServicer``'s are
-built through it; health's and reflection's are wrapped by ``enveloped``), not in an
-interceptor: Ray Serve's gRPC proxy calls the servicer's methods directly
-(``deploy/ray/serve_app.py``) and gets the same envelope as grpcio's server.
+log and the trace's end. The envelope is in the methods themselves (``Envelope.method``;
+``InferenceServicer``'s are built through it; health's and reflection's are wrapped by
+``enveloped``), not in an interceptor: Ray Serve's gRPC proxy calls the servicer's methods
+directly (``deploy/ray/serve_app.py``) and gets the same envelope as grpcio's server, to which
+``Dispatch`` hands the same methods (checking credentials before a message is read).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.descriptor import ServiceDescriptor
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+from google.protobuf.message_factory import GetMessageClass
+from grpc_health.v1 import health, health_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from service.auth import GRPC as GRPC_CLASSES
 from service.control import ModelControl
@@ -103,7 +105,6 @@ MAX_DETAILS_CHARS = 512
 # batch for the small models' batchers on the loop, few enough that a stream holds about what a
 # connection does (and no more than GELU_MAX_BODY_BYTES of requests, ``Window``).
 STREAM_WINDOW = 64
-Reply = TypeVar("Reply")
 Started = asyncio.Queue[tuple[asyncio.Task[Any], int, str] | None]  # a stream's, in order
 
 
@@ -120,7 +121,7 @@ class Failure(NamedTuple):
     message: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One call inside the envelope: its service and method, the gRPC context (grpcio's, or
     Ray's), its metadata (text values, lower-case names) and its trace, once begun."""
@@ -235,46 +236,78 @@ class Envelope:
                 "GELU_MAX_BODY_BYTES)"
             )
 
-    async def open(self, service: str, method: str, context: Any) -> Call:
-        """A call of ``method`` under its request id; a malformed one ends it (INVALID_ARGUMENT)."""
+    def _open(self, service: str, method: str, context: Any) -> Call | Failure:
+        """A call of ``method`` under its request id, or the failure of a malformed one
+        (INVALID_ARGUMENT, under a fresh id)."""
         metadata: dict[str, str] = {}
         for key, value in context.invocation_metadata() or ():
             if isinstance(value, str):  # ``-bin`` metadata is bytes, and carries no credentials
                 metadata[key] = value
+        failure = None
         try:
             request_id.set(checked_request_id(metadata.get(REQUEST_ID_HEADER)))
         except ServiceError as exc:
             request_id.set(new_request_id())
-            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            failure = Failure(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-        return Call(service, method, context, metadata)
+        return Call(service, method, context, metadata) if failure is None else failure
 
-    async def unary(
-        self, service: str, method: str, behavior: Behavior, request: Any, context: Any
-    ) -> Any:
-        """``behavior(request, call)``'s answer inside the envelope; a failure ends the call
-        with its status code."""
-        call = await self.open(service, method, context)
-        answer = await self.answer(
-            call, self._admitted(call, request, behavior), _model_of(request)
-        )
-        if isinstance(answer, Failure):
-            await _abort(context, answer.code, answer.message)
-        return answer
+    async def open(self, service: str, method: str, context: Any) -> Call:
+        """A call of ``method`` under its request id; a malformed one ends it (INVALID_ARGUMENT)."""
+        call = self._open(service, method, context)
+        if isinstance(call, Failure):
+            await _abort(context, call.code, call.message)
+        return call
 
-    async def _admitted(self, call: Call, request: Any, behavior: Behavior) -> Any:
-        self.admit(call.method, call.metadata)
-        self.fit(request)
-        return await behavior(request, call)
+    def method(
+        self, service: str, name: str, behavior: Behavior, read_within: float | None = None
+    ) -> Callable[[Any, Any], Awaitable[Any]]:
+        """The unary method ``name``: ``behavior(request, call)``'s answer inside the envelope,
+        a failure ending the call with its status code. With ``read_within`` it is served as
+        its client-streaming twin (grpcio's server; the wire is the same) and reads its one
+        message itself, within that many seconds or DEADLINE_EXCEEDED: grpcio would wait for
+        it as long as the connection lives, one of the calls in flight
+        (``maximum_concurrent_rpcs``) held all the while, as HTTP's slow bodies would hold
+        connections without GELU_BODY_TIMEOUT_SECONDS. One frame from grpcio's handler to the
+        behavior's: each is resumed whenever the batcher wakes the request."""
 
-    async def answer(self, call: Call, handler: Awaitable[Reply], model: str) -> Reply | Failure:
-        """Await ``handler``; count and time it as the HTTP face does (endpoint ``grpc:Method``,
-        the status as its HTTP equivalent), end ``call``'s trace; a ``ServiceError`` (or a bug)
-        becomes a ``Failure`` with its status code and message."""
+        async def served(request: Any, context: Any) -> Any:
+            if read_within is not None:
+                try:
+                    async with asyncio.timeout(read_within):
+                        request = await context.read()
+                except TimeoutError:
+                    message = (
+                        f"no request message within {read_within:g} s (GELU_BODY_TIMEOUT_SECONDS)"
+                    )
+                    await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+                if request is grpc.aio.EOF:
+                    await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+            call = self._open(service, name, context)
+            if isinstance(call, Failure):
+                await _abort(context, call.code, call.message)
+            answer = await self.answer(call, behavior, request, _model_of(request), admit=True)
+            if isinstance(answer, Failure):
+                await _abort(context, answer.code, answer.message)
+            return answer
+
+        served.__name__ = served.__qualname__ = name
+        return served
+
+    async def answer(
+        self, call: Call, behavior: Behavior, request: Any, model: str, admit: bool
+    ) -> Any | Failure:
+        """``behavior(request, call)``'s answer, after the call's credentials and the message's
+        bound when ``admit`` (a stream's message had both checked as it was read); counted and
+        timed as the HTTP face does (endpoint ``grpc:Method``, the status as its HTTP
+        equivalent), ``call``'s trace ended; a ``ServiceError`` (or a bug) becomes a
+        ``Failure`` with its status code and message."""
         status, began, version = 500, time.perf_counter(), ""
         try:
-            reply = await handler
+            if admit:
+                self.admit(call.method, call.metadata)
+                self.fit(request)
+            reply = await behavior(request, call)
         except ServiceError as exc:
             status = exc.status_code
             return Failure(grpc_code(status), exc.message)
@@ -389,15 +422,32 @@ async def write_all(context: Any, answers: AsyncGenerator[Any, None]) -> None:
 
 def enveloped(servicer: Any, service: ServiceDescriptor, envelope: Envelope) -> Any:
     """``servicer`` (a library's: health, reflection) with each method of ``service`` served
-    inside ``envelope``, for the service's generated ``add_*_to_server``."""
+    inside ``envelope``, as a caller of its methods (Ray's proxy, a test) gets it."""
     methods: dict[str, Callable[..., Any]] = {}
     for method in service.methods:
         own = getattr(servicer, method.name)
         if method.client_streaming or method.server_streaming:
             methods[method.name] = _streaming(envelope, service.full_name, method.name, own)
         else:
-            methods[method.name] = _unary_of(envelope, service.full_name, method.name, own)
+            methods[method.name] = envelope.method(service.full_name, method.name, _given(own))
     return SimpleNamespace(**methods)
+
+
+def behaviors(servicer: Any, service: ServiceDescriptor) -> dict[str, Behavior]:
+    """Each unary method's own work: an ``InferenceServicer``'s core calls (``_Name``), a
+    library servicer's methods (health's, reflection's) given the call's context."""
+    return {
+        method.name: getattr(servicer, f"_{method.name}")
+        if isinstance(servicer, InferenceServicer)
+        else _given(getattr(servicer, method.name))
+        for method in service.methods
+        if not (method.client_streaming or method.server_streaming)
+    }
+
+
+def _given(own: Callable[[Any, Any], Awaitable[Any]]) -> Behavior:
+    """A library's method (request, context) as a behavior (request, call)."""
+    return lambda request, call: own(request, call.context)
 
 
 def _streaming(
@@ -407,16 +457,6 @@ def _streaming(
         answers = envelope.stream(service, name, lambda r, call: own(r, call.context), requests,
                                   context)  # fmt: skip
         await write_all(context, answers)
-
-    return serve
-
-
-def _unary_of(
-    envelope: Envelope, service: str, name: str, own: Callable[[Any, Any], Awaitable[Any]]
-) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def serve(request: Any, context: Any) -> Any:
-        return await envelope.unary(service, name, lambda r, call: own(r, call.context),
-                                    request, context)  # fmt: skip
 
     return serve
 
@@ -453,7 +493,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane, control: ModelControl) -> None:
         self.plane = plane
         self.control = control  # the repository extension, as the composer built it
-        self.envelope = Envelope(plane)
+        self.envelope = envelope = Envelope(plane)
+        # Each unary method inside the envelope, as a caller of the methods gets it.
+        own = behaviors(self, SERVICE_DESCRIPTOR)
+        self.unary = {name: envelope.method(SERVICE, name, own[name]) for name in own}
 
     # ---- health and metadata ---------------------------------------------------------------------
 
@@ -482,19 +525,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ---- inference -------------------------------------------------------------------------------
 
     async def _ModelInfer(self, request: Any, call: Call) -> pb.ModelInferResponse:
-        if self.plane.tracing is not None:
-            call.trace = self._begin_trace(request, call.metadata)
-        return await self._infer(request, call.trace, client_deadline(call.context))
-
-    async def _infer(
-        self, request: Any, trace: RequestTrace | None = None, deadline_ns: int | None = None
-    ) -> pb.ModelInferResponse:
-        """One inference request; ``deadline_ns`` is when its client stops waiting (its call's
-        gRPC deadline), which the core takes as its timeout when it comes sooner."""
+        """One inference request (a ModelInfer call's, or one of a stream's), traced if picked;
+        its client's gRPC deadline is the core's timeout when it comes sooner."""
         plane, size = self.plane, request.ByteSize()  # large ones decode off the loop
+        trace = None
+        if plane.tracing is not None:
+            trace = call.trace = self._begin_trace(request, call.metadata, call.method)
         began = time.perf_counter_ns() if trace else 0
         decoded, raw = await plane.codec(size, codec.decode_infer, request)
-        decoded.client_deadline_ns = deadline_ns
+        decoded.client_deadline_ns = client_deadline(call.context)
         if trace is not None:
             trace.since("decode", began)
             decoded.trace = trace
@@ -506,7 +545,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     def _begin_trace(
-        self, request: Any, carrier: dict[str, str], method: str = "ModelInfer"
+        self, request: Any, carrier: dict[str, str], method: str
     ) -> RequestTrace | None:
         """An inference request's trace, if Triton's trace settings pick it and the sampler
         keeps it: a span under the caller's ``traceparent`` metadata, named as
@@ -596,10 +635,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if request.id:
             adopt_request_id(request.id)
         call = Call(stream.service, stream.method, stream.context, stream.metadata)
-        if self.plane.tracing is not None:
-            call.trace = self._begin_trace(request, stream.metadata, "ModelStreamInfer")
-        infer = self._infer(request, call.trace, client_deadline(stream.context))
-        return await self.envelope.answer(call, infer, request.model_name)
+        return await self.envelope.answer(call, self._ModelInfer, request, request.model_name,
+                                          admit=False)  # fmt: skip
 
     # ---- Triton's extensions ---------------------------------------------------------------------
 
@@ -661,8 +698,7 @@ def _served(name: str) -> Callable[[InferenceServicer, Any, Any], Awaitable[Any]
     """The protocol's unary method ``name``: its core call (``_name``) inside the envelope."""
 
     async def method(self: InferenceServicer, request: Any, context: Any) -> Any:
-        behavior = getattr(self, f"_{name}")
-        return await self.envelope.unary(SERVICE, name, behavior, request, context)
+        return await self.unary[name](request, context)
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"{SERVICE}/{name}: ``_{name}`` inside the envelope."
@@ -711,84 +747,70 @@ def reflection_pool() -> Any:
     return pb.POOL
 
 
-class ReadWithin(grpc.aio.ServerInterceptor):
-    """A call with one request message gets it within ``seconds`` of its start, or ends with
-    DEADLINE_EXCEEDED: grpcio would wait for it as long as the connection lives, one of the calls
-    in flight (``maximum_concurrent_rpcs``) held all the while, as HTTP's slow bodies would hold
-    connections without GELU_BODY_TIMEOUT_SECONDS. Each such method is served as its
-    client-streaming twin, which reads the message itself (the wire is the same); a stream of
-    requests is the client's to pace."""
+class Dispatch(grpc.GenericRpcHandler):
+    """Every method of the server's services, by its exact path, each inside the envelope:
+    grpcio asks it for each call's handler. A method with one request message is served as its
+    client-streaming twin, reading the message within ``read_within`` seconds
+    (``Envelope.method``); a stream of requests is the client's to pace.
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        # One per method of the server's services, built on its first call.
-        self._twins: dict[str, grpc.RpcMethodHandler] = {}
+    Each call's credentials are checked here, before its message is read: a refused client
+    costs no memory for what it sends. The class is that of the method the path names exactly,
+    never one parsed from the path a client sent (a path that is not exactly a method's has no
+    handler: UNIMPLEMENTED); the envelope checks again where the method runs (all that a caller
+    skipping grpcio's server gets). The methods are not registered with grpcio one by one: its
+    server then waits on one future per registered method for every call it takes."""
 
-    async def intercept_service(
+    def __init__(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        twin = self._twins.get(details.method)
-        if twin is not None:
-            return twin
-        handler = await continuation(details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
-            # Unknown (UNIMPLEMENTED), or a stream: ModelStreamInfer, health's Watch, reflection.
-            return handler
-        twin = self._twins[details.method] = grpc.stream_unary_rpc_method_handler(
-            self._reading(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        return twin
-
-    def _reading(self, behavior: Callable[[Any, Any], Awaitable[Any]]) -> Any:
-        seconds = self.seconds
-
-        async def read_then_answer(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                async with asyncio.timeout(seconds):
-                    request = await context.read()
-            except TimeoutError:
-                message = f"no request message within {seconds:g} s (GELU_BODY_TIMEOUT_SECONDS)"
-                await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
-            if request is grpc.aio.EOF:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
-            return await behavior(request, context)
-
-        return read_then_answer
-
-
-class AdmitFirst(grpc.aio.ServerInterceptor):
-    """Each call's credentials, checked before its message is read: a refused client costs no
-    memory for what it sends. The class is that of the method grpcio dispatches on (its exact
-    registered path), never one parsed from the path a client sent; the envelope checks again
-    where the method runs (all that a caller skipping grpcio's server gets)."""
-
-    def __init__(self, envelope: Envelope, services: tuple[ServiceDescriptor, ...]) -> None:
+        envelope: Envelope,
+        served: tuple[tuple[ServiceDescriptor, Any, dict[str, Behavior]], ...],
+        read_within: float,
+    ) -> None:
         self.envelope = envelope
-        self.methods = {
-            f"/{service.full_name}/{method.name}": (service.full_name, method.name)
-            for service in services
-            for method in service.methods
-        }
+        self.methods: dict[str, tuple[str, str]] = {}
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for service, servicer, unary in served:
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                self.methods[path] = (service.full_name, method.name)
+                streaming = (method.client_streaming, method.server_streaming)
+                if method.name in unary:
+                    behavior = envelope.method(
+                        service.full_name, method.name, unary[method.name], read_within
+                    )
+                    streaming = (True, False)
+                else:
+                    behavior = getattr(servicer, method.name)
+                self.handlers[path] = HANDLER_KINDS[streaming](
+                    behavior,
+                    request_deserializer=GetMessageClass(method.input_type).FromString,
+                    response_serializer=GetMessageClass(method.output_type).SerializeToString,
+                )
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        served = self.methods.get(details.method)
-        if handler is None or served is None:  # unknown: UNIMPLEMENTED
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        """The handler of the method ``details`` names exactly (None: UNIMPLEMENTED), or one
+        that refuses the call for its credentials."""
+        handler = self.handlers.get(details.method)
+        if handler is None:
+            return None
+        envelope = self.envelope
+        if envelope.restrictions is None:  # every class open: nothing to check
             return handler
+        service, method = self.methods[details.method]
         metadata = {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
         try:
-            self.envelope.admit(served[1], metadata)
+            envelope.admit(method, metadata)
         except ServiceError as exc:
-            return _refusal(handler, self.envelope, *served, exc)
+            return _refusal(handler, envelope, service, method, exc)
         return handler
+
+
+HANDLER_KINDS = {  # (request streaming, response streaming): grpcio's handler of that kind
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
 
 
 def _refusal(
@@ -806,13 +828,7 @@ def _refusal(
         envelope.observe(call, "", "", refused.status_code, 0.0)
         await _abort(context, grpc_code(refused.status_code), refused.message)
 
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    make = HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
     return make(
         refuse,
         request_deserializer=handler.request_deserializer,
@@ -853,34 +869,37 @@ class GrpcServer:
         ]
         servicer = InferenceServicer(plane, control)
         envelope = servicer.envelope
-        services = (SERVICE_DESCRIPTOR, HEALTH_DESCRIPTOR, REFLECTION_DESCRIPTOR)
-        self.interceptors = [
-            AdmitFirst(envelope, services),
-            ReadWithin(limits.body_timeout_seconds),
-        ]
-        # One HTTP/2 connection carries many calls: as many unary ones in flight as HTTP's
-        # connections can carry requests, and as many streams again (``Streams``, which refuses
-        # one past its share at once); one more gets RESOURCE_EXHAUSTED before it is read.
-        self._server = grpc.aio.server(
-            options=options,
-            interceptors=self.interceptors,
-            maximum_concurrent_rpcs=2 * limits.max_connections,
-        )
         self._health = health.aio.HealthServicer()
         names = (SERVICE, HEALTH_DESCRIPTOR.full_name, reflection.SERVICE_NAME)
         reflecting = reflection.aio.ReflectionServicer(names, pool=reflection_pool())
-        # What each service's methods are served by, each inside the envelope.
+        # What each service's methods are served by, each inside the envelope, as a caller of
+        # the methods (Ray's proxy, a test) gets them.
         self.servicers: dict[str, Any] = {
             SERVICE: servicer,
             HEALTH_DESCRIPTOR.full_name: enveloped(self._health, HEALTH_DESCRIPTOR, envelope),
             REFLECTION_DESCRIPTOR.full_name: enveloped(reflecting, REFLECTION_DESCRIPTOR, envelope),
         }
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(
-            self.servicers[HEALTH_DESCRIPTOR.full_name], self._server
+        own = {SERVICE: servicer, HEALTH_DESCRIPTOR.full_name: self._health,
+               REFLECTION_DESCRIPTOR.full_name: reflecting}  # fmt: skip
+        self.dispatch = Dispatch(
+            envelope,
+            tuple(
+                (
+                    service,
+                    self.servicers[service.full_name],
+                    behaviors(own[service.full_name], service),
+                )
+                for service in (SERVICE_DESCRIPTOR, HEALTH_DESCRIPTOR, REFLECTION_DESCRIPTOR)
+            ),
+            limits.body_timeout_seconds,
         )
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-            self.servicers[REFLECTION_DESCRIPTOR.full_name], self._server
+        # One HTTP/2 connection carries many calls: as many unary ones in flight as HTTP's
+        # connections can carry requests, and as many streams again (``Streams``, which refuses
+        # one past its share at once); one more gets RESOURCE_EXHAUSTED before it is read.
+        self._server = grpc.aio.server(
+            options=options,
+            handlers=(self.dispatch,),
+            maximum_concurrent_rpcs=2 * limits.max_connections,
         )
         tls = TlsFiles.from_settings(limits)
         try:

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -44,7 +45,7 @@ from service.grpc.server import (
     ROUTE_CLASSES,
     SERVICE_DESCRIPTOR,
     STREAM_WINDOW,
-    AdmitFirst,
+    Dispatch,
     GrpcServer,
     InferenceServicer,
     Streams,
@@ -206,18 +207,20 @@ async def test_ray_reaches_the_stream_through_the_envelope(settings: Any) -> Non
 
 
 @pytest.mark.anyio
-async def test_the_interceptor_classifies_by_the_exact_registered_path(settings: Any) -> None:
+async def test_the_dispatch_classifies_by_the_exact_registered_path(settings: Any) -> None:
     """gRPC-Go CVE-2026-33186: a path without its leading slash, or with extra segments, was
-    routed while the authorisation matched another string. Here only an exact registered path
+    routed while the authorisation matched another string. Here only an exact method path
     is classed (anything else has no handler: UNIMPLEMENTED), and the envelope, where the method
     runs, classes by the method a handler was built for."""
-    admit = _server(settings).interceptors[0]
-    assert isinstance(admit, AdmitFirst)
+    dispatch = _server(settings).dispatch
+    assert isinstance(dispatch, Dispatch)
     load = "/inference.GRPCInferenceService/RepositoryModelLoad"
-    assert admit.methods[load] == ("inference.GRPCInferenceService", "RepositoryModelLoad")
+    assert dispatch.methods[load] == ("inference.GRPCInferenceService", "RepositoryModelLoad")
     for variant in (load[1:], "/x" + load, load + "/", "/" + load, load.lower()):
-        assert variant not in admit.methods
-    assert len(admit.methods) == len(METHODS)
+        assert variant not in dispatch.methods
+        details = SimpleNamespace(method=variant, invocation_metadata=())
+        assert dispatch.service(details) is None
+    assert len(dispatch.methods) == len(dispatch.handlers) == len(METHODS)
 
 
 def test_streams_are_held_per_connection_and_in_all() -> None:
