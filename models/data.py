@@ -12,6 +12,7 @@ that the checkpoint can record the input normalisation a client must apply.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,17 +105,40 @@ def load_idx_pair(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def _load_digits() -> Dataset:
-    from sklearn.datasets import load_digits
+def _digits_csv() -> Path | None:
+    """scikit-learn's bundled ``digits.csv.gz``, found without importing scikit-learn."""
+    spec = importlib.util.find_spec("sklearn")
+    for location in (spec and spec.submodule_search_locations) or ():
+        path = Path(location) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
 
-    bunch = load_digits()
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits as ``sklearn.datasets.load_digits`` gives them: (1797, 8, 8) float64 images
+    and int labels. Read from its CSV as it reads it, for importing scikit-learn (and SciPy)
+    costs a fresh install 3 CPU-s; scikit-learn's own loader where the file is not found."""
+    path = _digits_csv()
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
+def _load_digits() -> Dataset:
+    pixels, labels = digits_arrays()
     divide_by = 16.0
-    images = (bunch.images / divide_by).astype(np.float32)[:, None, :, :]
+    images = (pixels / divide_by).astype(np.float32)[:, None, :, :]
     return Dataset(
         name="digits",
         images=images,
-        labels=bunch.target.astype(np.int64),
-        label_names=tuple(str(int(t)) for t in bunch.target_names),
+        labels=labels.astype(np.int64),
+        label_names=tuple(str(t) for t in range(10)),
         divide_by=divide_by,
     )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contract.readme import block
-from export.defaults import TABLE_BEGIN, TABLE_END, _layers, table
+from export.defaults import DEFAULT_MODELS, TABLE_BEGIN, TABLE_END, _layers, build, table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "docs" / "models.md"
@@ -93,3 +93,35 @@ def test_tables_agree_within_the_tolerance_and_no_further() -> None:
                 assert_tables_agree(moved, readme)
     with pytest.raises(AssertionError):
         assert_tables_agree(readme.replace("| gelu |", "| relu |", 1), readme)
+
+
+def without_checkpoint_hash(path: Path) -> bytes:
+    """A model's bytes, its ``checkpoint_sha256`` metadata emptied: ``torch.save`` names the
+    checkpoint's archive after the file, so only that hash tells two builds apart."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    for prop in proto.metadata_props:
+        if prop.key == "checkpoint_sha256":
+            prop.value = ""
+    return proto.SerializeToString(deterministic=True)
+
+
+@pytest.mark.slow
+def test_side_by_side_builds_write_what_one_by_one_builds_write(tmp_path: Path) -> None:
+    """The workers (forked from the preloading fork server, beside the warming process) write
+    the files that building the models one after another in this process writes."""
+    pytest.importorskip("torch", reason="training needs the [train] extra")
+    built = {}
+    for label, workers in (("side-by-side", 0), ("one-by-one", 1)):
+        repository = tmp_path / label
+        build(repository, tmp_path / f"{label}-checkpoints", DEFAULT_MODELS, True, workers)
+        built[label] = {
+            path.relative_to(repository): (
+                without_checkpoint_hash(path) if path.suffix == ".onnx" else path.read_bytes()
+            )
+            for path in sorted(repository.rglob("*"))
+            if path.is_file()
+        }
+    assert len(built["side-by-side"]) >= len(DEFAULT_MODELS) * 2
+    assert built["side-by-side"] == built["one-by-one"]
