@@ -157,6 +157,67 @@ def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch,
     assert recorder.sizes == [5]  # the departed request was never computed
 
 
+@pytest.mark.parametrize("turns", range(PATIENCE + 4))
+def test_a_batch_leader_that_goes_away_leaves_its_company_answered(
+    model, monkeypatch, turns: int
+) -> None:
+    """Inline, the request that leads a batch waits outside the queue while the batcher looks
+    for company; its client leaving at any turn of the look, or after it, leaves the requests
+    that came answered, and nothing fails on the loop."""
+    recorder = Recorder(model, monkeypatch)
+    errors: list[dict] = []
+
+    async def scenario():
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: errors.append(context)
+        )
+        batcher = started(model, 64, 0, inline=True)
+        leader = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0)  # it leads: the look is on
+        company = [asyncio.ensure_future(batcher.infer({"input": DIGITS[:n]})) for n in (2, 3)]
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        leader.cancel()
+        answers = await asyncio.wait_for(asyncio.gather(*company), 5)
+        left = await asyncio.gather(leader, return_exceptions=True)
+        await batcher.stop()
+        return answers, left
+
+    answers, (left,) = run(scenario())
+    assert [a["logits"].shape for a in answers] == [(2, 10), (3, 10)]
+    assert recorder.sizes in ([5], [6])  # without the leader, or with it if it had run
+    assert isinstance(left, asyncio.CancelledError) or left["logits"].shape == (1, 10)
+    assert errors == []
+
+
+def test_a_queued_request_cancelled_leaves_the_queue_at_once(model, monkeypatch, inline) -> None:
+    """What the scheduler hands back for a queued request is its answer's future: cancelled
+    itself (as the task awaiting it cancels it), the request leaves the queue at once and
+    never runs; the others of its batch are answered."""
+    recorder = Recorder(model, monkeypatch)
+
+    async def scenario():
+        metrics = Metrics()
+        built = Scheduler(model, Runs(model, metrics), metrics, 64 if inline else 0, 64, 50_000)
+        built.start()
+        first = asyncio.ensure_future(built.run({"input": DIGITS[:1]}, 1))
+        await asyncio.sleep(0)  # it leads the batch, waiting out the queue delay
+        queued = built.run({"input": DIGITS[:2]}, 2)
+        behind = built.run({"input": DIGITS[:3]}, 3)
+        waiting = built.waiting()
+        assert isinstance(queued, asyncio.Future)
+        queued.cancel()
+        left = built.waiting()
+        answers = await asyncio.wait_for(asyncio.gather(first, behind), 5)
+        await built.stop()
+        return waiting, left, answers
+
+    waiting, left, answers = run(scenario())
+    assert (waiting, left) == (3, 2)
+    assert [a["logits"].shape for a in answers] == [(1, 10), (3, 10)]
+    assert recorder.sizes == [4]  # the cancelled request never ran
+
+
 def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
