@@ -60,7 +60,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
 
 import anyio.to_thread
 import numpy as np
@@ -133,61 +134,22 @@ class Deadline:
         return OverloadedError(f"{message} ({self.source}); the model is overloaded")
 
 
-class _Request(asyncio.Future[Outputs]):
-    """A queued request, and the future of its share of a batch's outputs: the caller awaits
-    the request itself (``Batcher.submit``), with no coroutine of the batcher's around it, so
-    its answer resumes one frame fewer of its chain. Cancelled (its client left), it leaves
-    its batcher's queue at once (``Batcher._withdraw``). Found in a queue by identity
-    (``remove``): a future has no ``__eq__`` of its own."""
-
-    __slots__ = ("batcher", "deadline", "delayed", "enqueued", "expiry", "inputs", "level",
-                 "outputs", "size", "trace")  # fmt: skip
-
-    def __init__(
-        self,
-        inputs: dict[str, np.ndarray],
-        size: int,
-        loop: asyncio.AbstractEventLoop,
-        enqueued: float | None = None,
-        deadline: Deadline | None = None,
-        trace: RequestTrace | None = None,
-        level: int = 1,
-        outputs: list[str] | None = None,
-        batcher: Batcher | None = None,
-    ) -> None:
-        super().__init__(loop=loop)
-        self.inputs = inputs
-        self.size = size
-        self.enqueued = time.perf_counter() if enqueued is None else enqueued
-        self.deadline = deadline
-        self.expiry: asyncio.TimerHandle | None = None  # fails it when its deadline passes
-        self.trace = trace  # a traced request's stages (service.tracing)
-        self.level = level  # its priority level (``Levels``); 1 without levels
-        self.delayed = False  # past its timeout under DELAY: in its level's delayed queue
-        self.outputs = outputs  # the outputs it asks for by name (None: all)
-        self.batcher = batcher  # whose queue it leaves when cancelled
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        """Cancel it (its caller's task was), out of the queue first if still there."""
-        if self.batcher is not None and not self.done():
-            self.batcher._withdraw(self)
-        return super().cancel(msg)
-
-    def answer(self, results: Outputs) -> None:
-        """Its share of a run's outputs, those it asks for; nothing if it is already done."""
-        if not self.done():
-            self.set_result(_asked(results, self.outputs))
-
-    def fail(self, error: BaseException) -> None:
-        """Its error; nothing if it is already done."""
-        if not self.done():
-            self.set_exception(error)
+@dataclass(slots=True, eq=False)  # eq=False: found in a queue by identity (``remove``)
+class _Request:
+    inputs: dict[str, np.ndarray]
+    size: int
+    future: asyncio.Future[Outputs]
+    enqueued: float = field(default_factory=time.perf_counter)
+    deadline: Deadline | None = None
+    expiry: asyncio.TimerHandle | None = None  # fails the request when its deadline passes
+    trace: RequestTrace | None = None  # a traced request's stages (service.tracing)
+    level: int = 1  # its priority level (``Levels``); 1 without levels
+    delayed: bool = False  # past its timeout under DELAY: in its level's delayed queue
 
 
 class _Lone(NamedTuple):
-    """A request that looks for company outside the queue (``Batcher._look``): what it is
-    queued with if company comes, and the future it awaits: then that queued request, already
-    answered by the batch's run; None when none came (it runs alone)."""
+    """A request that looks for company outside the queue (``Batcher._look``): what it
+    becomes queued with if company comes, and the future it awaits (None: run alone)."""
 
     inputs: dict[str, np.ndarray]
     size: int
@@ -195,8 +157,7 @@ class _Lone(NamedTuple):
     deadline: Deadline | None
     trace: RequestTrace | None
     level: int
-    outputs: list[str] | None
-    future: asyncio.Future[_Request | None]
+    future: asyncio.Future[Outputs | None]
 
 
 class Levels:
@@ -321,7 +282,10 @@ def _settle(batch: list[_Request], error: BaseException | None = None) -> None:
     batch ended without one): the last word of every path that took requests from the queue,
     so none of them waits forever."""
     for request in batch:
-        request.fail(error or RuntimeError("its batch ended without an answer for this request"))
+        if not request.future.done():
+            request.future.set_exception(
+                error or RuntimeError("its batch ended without an answer for this request")
+            )
 
 
 def _each_alone(model: Model, feeds: list[dict[str, np.ndarray]]) -> list[Any]:
@@ -468,13 +432,12 @@ class Scheduler:
         belongs (on the event loop up to ``inline_batch`` samples, else on a thread) and is not
         in a quiet (``Batcher.bypass``: no company lately); otherwise it runs alone, on the
         loop within the inline bound or on a worker thread, counted in the same statistics.
-        What it returns is the batcher's own awaitable, not a coroutine around it: a queued
-        request's future itself (``Batcher.submit``), so the batch's answer resumes one frame
-        fewer of the caller's chain."""
+        What it returns is the batcher's own coroutine, not one more around it: a coroutine
+        frame per request is about 1 % of the small model's request at c=64."""
         batcher = self._batcher
         inline = size <= self.inline_batch
         if batcher is not None and not batcher.bypass and inline is batcher.inline:
-            return batcher.submit(inputs, outputs, deadline, trace, level, request_id)
+            return batcher.infer(inputs, outputs, deadline, trace, level, request_id)
         return self._alone(inputs, size, inline, outputs, deadline, trace)
 
     async def _alone(
@@ -573,7 +536,8 @@ class Batcher:
         self._listen()
         while self._pending:
             request = self._pending.popleft()
-            request.fail(RuntimeError("the service is shutting down"))
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("the service is shutting down"))
         self._queued = 0
         if self._alarm is not None:
             self._alarm.close()
@@ -589,7 +553,7 @@ class Batcher:
         requests anyway: counting nothing per request, it cannot drift from them. Copied
         first (one step under the GIL), as the metrics' flushing thread may read it."""
         held = (*self._pending, *self._gathered)
-        return sum(not r.done() for r in held) + self._looking
+        return sum(not r.future.done() for r in held) + self._looking
 
     async def infer(
         self,
@@ -600,27 +564,11 @@ class Batcher:
         level: int = 1,
         request_id: str | None = None,
     ) -> Outputs:
-        """``submit``'s answer, awaited in a coroutine of its own (a task can run it)."""
-        return await self.submit(inputs, outputs, deadline, trace, level, request_id)
-
-    def submit(
-        self,
-        inputs: dict[str, np.ndarray],
-        outputs: list[str] | None = None,
-        deadline: Deadline | None = None,
-        trace: RequestTrace | None = None,
-        level: int = 1,
-        request_id: str | None = None,
-    ) -> Awaitable[Outputs]:
-        """Queue one request; what it returns is awaited for its share of a batch's outputs
-        (those it asks for by name; None: all). A request still queued at its ``deadline``
-        fails with ``OverloadedError`` instead of running late (or, delayed, waits on:
-        ``Deadline.delay``). With priority levels it waits at ``level``, refused at once when
-        that level's queue is full (``Levels.admit``). A request whose client leaves (its task
-        cancelled) leaves the queue at once, and never runs.
-
-        A queued request is returned itself (``_Request``, a future), not a coroutine around
-        it: under load, that is every request but a batch's first."""
+        """Queue one request and wait for its share of a batch's outputs; a request still
+        queued at its ``deadline`` fails with ``OverloadedError`` instead of running late (or,
+        delayed, waits on: ``Deadline.delay``). With priority levels it waits at ``level``,
+        refused at once when that level's queue is full (``Levels.admit``). A request whose
+        client leaves (its task cancelled) leaves the queue at once, and never runs."""
         loop = self._loop
         assert loop is not None, "Batcher.start() first"
         size = len(next(iter(inputs.values())))
@@ -628,15 +576,24 @@ class Batcher:
             self._levels.admit(level, request_id)
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
-            if self.quiet:  # only a caller that ignores ``bypass`` comes here in a quiet
-                return self._in_quiet(inputs, size, arrived, outputs, trace)
-            lone = _Lone(inputs, size, arrived, deadline, trace, level, outputs,
-                         loop.create_future())  # fmt: skip
-            self._look(lone)  # now: the next request joins it
-            return self._lead(lone)
+            looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
+            if looks:
+                lone = _Lone(inputs, size, arrived, deadline, trace, level, loop.create_future())
+                self._look(lone)
+                try:
+                    answer = await lone.future
+                except asyncio.CancelledError:  # this client left: the others are waiting
+                    self._lone_left(lone)
+                    raise
+                if answer is not None:  # it ran with the company that came
+                    return _asked(answer, outputs)
+            # in a quiet, or none came: a batch of this request alone
+            return _asked(self._run_alone(inputs, size, arrived, looks, trace), outputs)
         if not self.inline and self.quiet and not self._pending and not self._instances.locked():
-            return self._run_alone_on_thread(inputs, size, outputs, deadline, trace)
-        request = _Request(inputs, size, loop, None, deadline, trace, level, outputs, self)
+            results = await self._run_alone_on_thread(inputs, size, deadline, trace)
+            return _asked(results, outputs)
+        future: asyncio.Future[Outputs] = loop.create_future()
+        request = _Request(inputs, size, future, deadline=deadline, trace=trace, level=level)
         self._pending.append(request)
         self._queued += size
         if not self.inline:
@@ -652,32 +609,12 @@ class Batcher:
                 self._run_inline()
             else:
                 self._look()
-        return request
-
-    async def _lead(self, lone: _Lone) -> Outputs:
-        """Inline, the first request of a batch, not queued, while the batcher looks for
-        company (``_look``): answered by the batch's run if company came; else it runs alone,
-        with no queue entry nor future of its own."""
         try:
-            joined = await lone.future
-        except asyncio.CancelledError:  # this client left: the others are waiting
-            self._lone_left(lone)
+            results = await future
+        except asyncio.CancelledError:  # the client left: out of the queue, if still there
+            self._withdraw(request)
             raise
-        if joined is not None:  # queued first of the batch that came: answered by its run
-            return await joined
-        results = self._run_alone(lone.inputs, lone.size, lone.arrived, True, lone.trace)
-        return _asked(results, lone.outputs)
-
-    async def _in_quiet(
-        self,
-        inputs: dict[str, np.ndarray],
-        size: int,
-        arrived: float,
-        outputs: list[str] | None,
-        trace: RequestTrace | None,
-    ) -> Outputs:
-        """A request run alone in a quiet, without looking (``_run_alone``)."""
-        return _asked(self._run_alone(inputs, size, arrived, False, trace), outputs)
+        return _asked(results, outputs)
 
     def _withdraw(self, request: _Request) -> None:
         """A queued request whose client left, or whose deadline passed, out of the queue at
@@ -699,7 +636,7 @@ class Batcher:
         nearest, so a timer that rang before the deadline is set again for what is left: no
         request fails before its time."""
         deadline = request.deadline
-        if deadline is None or request.done():
+        if deadline is None or request.future.done():
             return
         left = deadline.seconds_left()
         if left >= 0:
@@ -707,7 +644,7 @@ class Batcher:
             request.expiry = self._loop.call_later(left, self._expire, request)
             return
         self._withdraw(request)
-        request.set_exception(deadline.error())
+        request.future.set_exception(deadline.error())
 
     # ---- inline --------------------------------------------------------------------------------
 
@@ -757,12 +694,11 @@ class Batcher:
             if not self._pending:  # none came: it runs alone, on its turn
                 lone.future.set_result(None)
                 return
-            loop = lone.future.get_loop()
-            request = _Request(lone.inputs, lone.size, loop, lone.arrived, lone.deadline,
-                               lone.trace, lone.level, lone.outputs, self)  # fmt: skip
+            answered = cast("asyncio.Future[Outputs]", lone.future)  # by a run, from now on
+            request = _Request(lone.inputs, lone.size, answered, lone.arrived, lone.deadline)
+            request.trace, request.level = lone.trace, lone.level
             self._pending.appendleft(request)  # first of its level, as it came first
             self._queued += lone.size
-            lone.future.set_result(request)  # answered by the run below, or failed
         self._run_inline()
 
     def _stop_looking(self) -> None:
@@ -782,9 +718,10 @@ class Batcher:
             self._stop_looking()
             self._run_inline()
             return
-        joined = lone.future.result() if not lone.future.cancelled() else None
-        if joined is not None:
-            joined.cancel()
+        for request in tuple(self._pending):
+            if request.future is lone.future:
+                self._withdraw(request)
+                return
 
     def _run_alone(
         self,
@@ -876,7 +813,7 @@ class Batcher:
             self._gathered = batch  # its requests wait until its run starts (``waiting``)
             try:
                 await self._gather(batch)
-                batch = [r for r in batch if not r.done()]  # gone meanwhile
+                batch = [r for r in batch if not r.future.done()]  # gone meanwhile
                 if batch:
                     self._ran(len(batch))
                     run = loop.create_task(self._run_on_thread(batch))  # releases the instance
@@ -896,7 +833,6 @@ class Batcher:
         self,
         inputs: dict[str, np.ndarray],
         size: int,
-        outputs: list[str] | None,
         deadline: Deadline | None,
         trace: RequestTrace | None = None,
     ) -> Outputs:
@@ -914,7 +850,7 @@ class Batcher:
         self.runs.record_alone(size, began - handed, took)
         if trace is not None:
             trace.ran(handed, began, took, None)
-        return _asked(results, outputs)
+        return results
 
     def _ran_alone(self, run: asyncio.Future[Any]) -> None:
         self._running.discard(run)
@@ -989,14 +925,14 @@ class Batcher:
             if deadline is not None:
                 if request.expiry is not None:  # a timer rings on the loop's schedule
                     request.expiry.cancel()
-                if deadline.passed() and not request.done():  # inline ones have no timer
+                if deadline.passed() and not request.future.done():  # inline ones have no timer
                     if deadline.delay:  # Triton's DELAY: behind its level's requests in time
                         assert self._levels is not None  # only a queue policy delays
                         self._levels.delay(request)
                         self._queued += request.size
                         continue
-                    request.set_exception(deadline.error())
-            if request.done():  # the client went away, or its deadline passed
+                    request.future.set_exception(deadline.error())
+            if request.future.done():  # the client went away, or its deadline passed
                 continue
             batch.append(request)
             size += request.size
@@ -1052,13 +988,14 @@ class Batcher:
     @staticmethod
     def _split(batch: list[_Request], results: Outputs) -> None:
         if len(batch) == 1:
-            batch[0].answer(results)
+            if not batch[0].future.done():
+                batch[0].future.set_result(results)
             return
         offset = 0
         for request in batch:
             end = offset + request.size
-            if not request.done():
-                request.set_result({n: results[n][offset:end] for n in request.outputs or results})
+            if not request.future.done():
+                request.future.set_result({n: a[offset:end] for n, a in results.items()})
             offset = end
 
     def _answer_alone(self, batch: list[_Request], answers: list[Any]) -> None:
@@ -1066,7 +1003,8 @@ class Batcher:
         (``_each_alone``); each run is recorded as a batch of one."""
         for request, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Exception):
-                request.fail(answer)
+                if not request.future.done():
+                    request.future.set_exception(answer)
                 continue
             results, began, took = answer
             self._split_and_record([request], results, began, began, took)

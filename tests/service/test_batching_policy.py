@@ -152,7 +152,7 @@ def test_a_refusal_without_a_request_id_says_so_as_triton_does() -> None:
     levels.admit(1, None)
     loop = asyncio.new_event_loop()
     try:
-        levels.append(_Request(marked(0), 1, loop))
+        levels.append(_Request(marked(0), 1, loop.create_future()))
     finally:
         loop.close()
     with pytest.raises(OverloadedError, match=r"^\[request id: <id_unknown>\] Exceeds maximum"):
