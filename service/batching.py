@@ -29,10 +29,12 @@ Where a batch runs depends on what it costs, timed when the version starts servi
 (``Model.largest_batch_within``, in ``service.repository``):
 
 - **inline**, on the event loop, for batches that cost no more than the service's inline bound
-  (``GELU_INLINE_MAX_US``). The first request of a batch yields one loop iteration (or the
-  queue delay), and with a zero delay more for as long as requests keep arriving (until
-  ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds every request
-  parsed in between, which under load is most of the connections with a request in flight.
+  (``GELU_INLINE_MAX_US``). For the first request of a batch, the batcher waits one loop
+  iteration (or the queue delay), and with a zero delay more for as long as requests keep
+  arriving (until ``PATIENCE`` iterations in a row bring none), then runs the batch: it holds
+  every request parsed in between, which under load is most of the connections with a request
+  in flight. The batcher looks, a callback per iteration, while every request of the batch
+  awaits its answer: each request's await chain is resumed once (``Batcher._look``).
   When batches have held one request in a row, requests stop looking for company for a while,
   longer each time a look finds none (``QUIET_MS``): meanwhile ``Scheduler.run`` runs them as
   batching off does, without calling the batcher (``bypass``), so a lone client does not wait
@@ -59,7 +61,7 @@ from collections import deque
 from collections.abc import Awaitable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import anyio.to_thread
 import numpy as np
@@ -143,6 +145,19 @@ class _Request:
     trace: RequestTrace | None = None  # a traced request's stages (service.tracing)
     level: int = 1  # its priority level (``Levels``); 1 without levels
     delayed: bool = False  # past its timeout under DELAY: in its level's delayed queue
+
+
+class _Lone(NamedTuple):
+    """A request that looks for company outside the queue (``Batcher._look``): what it
+    becomes queued with if company comes, and the future it awaits (None: run alone)."""
+
+    inputs: dict[str, np.ndarray]
+    size: int
+    arrived: float
+    deadline: Deadline | None
+    trace: RequestTrace | None
+    level: int
+    future: asyncio.Future[Outputs | None]
 
 
 class Levels:
@@ -475,6 +490,10 @@ class Batcher:
         self._queued = 0  # samples in _pending
         self._gathering = False  # inline: a request is leading a batch
         self._looking = False  # inline: a lone request, not queued, looks for company
+        self._turn: asyncio.Handle | None = None  # inline: the look's next iteration
+        self._lone: _Lone | None = None  # inline: the lone leader of the look, if any
+        self._seen = 0  # inline, looking: samples queued at the last iteration
+        self._idle = 0  # inline, looking: iterations in a row that brought no request
         self._gathered: list[_Request] = []  # on threads: the batch gathering, not yet running
         # No company found lately (QUIET_MS): requests do not look for it. ``bypass``, the same
         # inline, tells ``Scheduler.run`` to run them alone, as batching off does; on threads,
@@ -496,7 +515,8 @@ class Batcher:
         """Start batching; call from the running event loop."""
         self._loop = asyncio.get_running_loop()
         if self.max_delay:
-            self._alarm = Alarm(self._loop, self._wakeup.set)
+            # Inline, it ends the look (``_look``); on threads, it wakes the gathering task.
+            self._alarm = Alarm(self._loop, self._looked if self.inline else self._wakeup.set)
         if not self.inline:
             self._executor = ThreadPoolExecutor(
                 self.instances, thread_name_prefix=f"batch-{self.model.name}"
@@ -512,6 +532,7 @@ class Batcher:
         await asyncio.gather(*self._running, return_exceptions=True)  # batches already running
         if self._scheduled is not None:
             self._scheduled.cancel()
+        self._stop_looking()
         self._listen()
         while self._pending:
             request = self._pending.popleft()
@@ -556,25 +577,18 @@ class Batcher:
         if self.inline and not self._pending and not self._gathering:
             arrived = time.perf_counter()
             looks = not self.quiet  # in a quiet only a caller that ignores ``bypass`` comes here
-            self._looking = looks  # waiting outside the queue (``waiting``)
-            try:
-                company = looks and await self._company()
-            finally:
-                self._looking = False
-            if company:
-                request = _Request(inputs, size, loop.create_future(), arrived, deadline)
-                request.trace, request.level = trace, level
-                self._pending.appendleft(request)  # first of its level, as it came first
-                self._queued += size
-                self._run_inline()
+            if looks:
+                lone = _Lone(inputs, size, arrived, deadline, trace, level, loop.create_future())
+                self._look(lone)
                 try:
-                    results = await request.future
-                except asyncio.CancelledError:  # the client left; with levels, maybe still queued
-                    self._withdraw(request)
+                    answer = await lone.future
+                except asyncio.CancelledError:  # this client left: the others are waiting
+                    self._lone_left(lone)
                     raise
-            else:  # in a quiet, or none came: a batch of this request alone
-                results = self._run_alone(inputs, size, arrived, looks, trace)
-            return _asked(results, outputs)
+                if answer is not None:  # it ran with the company that came
+                    return _asked(answer, outputs)
+            # in a quiet, or none came: a batch of this request alone
+            return _asked(self._run_alone(inputs, size, arrived, looks, trace), outputs)
         if not self.inline and self.quiet and not self._pending and not self._instances.locked():
             results = await self._run_alone_on_thread(inputs, size, deadline, trace)
             return _asked(results, outputs)
@@ -583,7 +597,7 @@ class Batcher:
         self._pending.append(request)
         self._queued += size
         if not self.inline:
-            # Inline, a request waits while its batch gathers (_company); on threads, behind
+            # Inline, a request waits while its batch gathers (_look); on threads, behind
             # batches, for as long as its deadline allows (a delayed one, for as long as it takes).
             if deadline is not None and not deadline.delay:
                 request.expiry = loop.call_later(deadline.seconds_left(), self._expire, request)
@@ -594,7 +608,7 @@ class Batcher:
             if self.quiet:  # no company lately: do not wait a loop iteration for none
                 self._run_inline()
             else:
-                await self._lead()
+                self._look()
         try:
             results = await future
         except asyncio.CancelledError:  # the client left: out of the queue, if still there
@@ -634,44 +648,80 @@ class Batcher:
 
     # ---- inline --------------------------------------------------------------------------------
 
-    async def _company(self) -> bool:
-        """Whether requests are queued after this one, first of a batch, gives them their turn
-        on the loop: the queue delay; with none, iterations for as long as requests keep coming,
-        until ``PATIENCE`` in a row bring none or the batch is full: under load, the requests of
-        the connections in flight are parsed over a few iterations, not one. The loop serves
-        I/O in every iteration waited, and the wait ends within ``max_batch_size`` samples; a
-        lone client, whom no iteration brings company, waits ``PATIENCE`` + 1 of them.
+    def _look(self, lone: _Lone | None = None) -> None:
+        """Look for company for the batch that a request leads, first of it: the others get
+        their turn on the loop for the queue delay; with none, for iterations as long as
+        requests keep coming, until ``PATIENCE`` in a row bring none or the batch is full:
+        under load, the requests of the connections in flight are parsed over a few
+        iterations, not one. The loop serves I/O in every iteration waited, and the wait ends
+        within ``max_batch_size`` samples; a lone client, whom no iteration brings company,
+        waits ``PATIENCE`` + 1 of them.
 
-        Cancelled meanwhile, it runs what is queued before it leaves. A lone request that was
-        not queued then runs without a future or a queue entry."""
+        The batcher looks, in a callback per iteration (``_looked``), not the leading
+        request: a request's await chain (the face's frames down to here, ten on gRPC) is
+        resumed once, when its answer comes, not once per iteration looked. The look's end
+        runs the batch. A ``lone`` leader, not queued, joins it first if company came, its
+        future answered by the run; else it is told None, and runs alone (``infer``)."""
+        loop = self._loop
+        assert loop is not None
         self._gathering = True
-        try:
-            queued = self._queued
-            if self._alarm is not None:
-                await self._delay(self._alarm, self.max_delay)
-            else:
-                await asyncio.sleep(0)
-            quiet = 0  # iterations in a row that brought no request
-            # A full batch that ran meanwhile (a request's own turn) leaves fewer queued.
-            while not self.max_delay and queued <= self._queued < self.max_batch_size:
-                quiet = quiet + 1 if self._queued == queued else 0
-                if quiet == PATIENCE:
-                    break
-                queued = self._queued
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:  # this client left: the others are waiting
-            self._gathering = False
-            self._run_inline()
-            raise
-        self._gathering = False
-        return bool(self._pending)
+        self._seen, self._idle = self._queued, 0
+        if self._alarm is not None:
+            self._alarm.set(self.max_delay)
+        else:
+            self._turn = loop.call_soon(self._looked)
+        self._lone = lone
+        self._looking = lone is not None  # waiting outside the queue (``waiting``)
 
-    async def _lead(self) -> None:
-        """The first request of a batch gives the others their turn on the loop (``_company``),
-        then runs the batch: under load, that is every request parsed meanwhile; alone, it
-        costs one loop iteration. Cancelled while it waits, it still runs the others."""
-        await self._company()
+    def _looked(self) -> None:
+        """An iteration of the look has passed (or its queue delay): on, while requests keep
+        coming and the batch has room, else its end. A full batch that ran meanwhile (a
+        request's own turn) leaves fewer queued, and ends it."""
+        self._turn = None
+        if not self._gathering:  # ended meanwhile (its leader left, the batcher stopped)
+            return
+        queued = self._queued
+        if not self.max_delay and self._seen <= queued < self.max_batch_size:
+            self._idle = self._idle + 1 if queued == self._seen else 0
+            if self._idle < PATIENCE:
+                self._seen = queued
+                assert self._loop is not None
+                self._turn = self._loop.call_soon(self._looked)
+                return
+        lone, self._lone = self._lone, None
+        self._gathering = self._looking = False
+        if lone is not None and not lone.future.cancelled():  # cancelled: its client left
+            if not self._pending:  # none came: it runs alone, on its turn
+                lone.future.set_result(None)
+                return
+            answered = cast("asyncio.Future[Outputs]", lone.future)  # by a run, from now on
+            request = _Request(lone.inputs, lone.size, answered, lone.arrived, lone.deadline)
+            request.trace, request.level = lone.trace, lone.level
+            self._pending.appendleft(request)  # first of its level, as it came first
+            self._queued += lone.size
         self._run_inline()
+
+    def _stop_looking(self) -> None:
+        """End the look now, running nothing; a lone leader still waiting runs alone."""
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
+        lone, self._lone = self._lone, None
+        if lone is not None and not lone.future.done():
+            lone.future.set_result(None)
+        self._gathering = self._looking = False
+
+    def _lone_left(self, lone: _Lone) -> None:
+        """A lone leader's client left: while it looks, the look ends and what came runs now;
+        once queued (with levels, it may still be), it leaves the queue."""
+        if self._lone is lone:
+            self._stop_looking()
+            self._run_inline()
+            return
+        for request in tuple(self._pending):
+            if request.future is lone.future:
+                self._withdraw(request)
+                return
 
     def _run_alone(
         self,

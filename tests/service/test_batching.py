@@ -157,6 +157,37 @@ def test_a_client_that_goes_away_does_not_disturb_the_others(model, monkeypatch,
     assert recorder.sizes == [5]  # the departed request was never computed
 
 
+@pytest.mark.parametrize("turns", range(PATIENCE + 4))
+def test_a_batch_leader_that_goes_away_leaves_its_company_answered(
+    model, monkeypatch, turns: int
+) -> None:
+    """Inline, the request that leads a batch waits outside the queue while the batcher looks
+    for company; its client leaving at any turn of the look, or after it, leaves the requests
+    that came answered, and nothing fails on the loop."""
+    recorder = Recorder(model, monkeypatch)
+    errors: list[dict] = []
+
+    async def scenario():
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+        batcher = started(model, 64, 0, inline=True)
+        leader = asyncio.ensure_future(batcher.infer({"input": DIGITS[:1]}))
+        await asyncio.sleep(0)  # it leads: the look is on
+        company = [asyncio.ensure_future(batcher.infer({"input": DIGITS[:n]})) for n in (2, 3)]
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        leader.cancel()
+        answers = await asyncio.wait_for(asyncio.gather(*company), 5)
+        left = await asyncio.gather(leader, return_exceptions=True)
+        await batcher.stop()
+        return answers, left
+
+    answers, (left,) = run(scenario())
+    assert [a["logits"].shape for a in answers] == [(2, 10), (3, 10)]
+    assert recorder.sizes in ([5], [6])  # without the leader, or with it if it had run
+    assert isinstance(left, asyncio.CancelledError) or left["logits"].shape == (1, 10)
+    assert errors == []
+
+
 def test_zero_delay_runs_a_lone_request_at_once(model, monkeypatch, inline) -> None:
     recorder = Recorder(model, monkeypatch)
 
@@ -358,7 +389,7 @@ def test_readme_quotes_the_quiet_and_the_patience() -> None:
 
 def test_a_lone_client_is_never_queued_inline(model, monkeypatch) -> None:
     """Inline, a lone client's requests run at once, the ones that look for company too: none
-    waits in the queue or on a future, which costs more than its run."""
+    is queued, which costs more than its run (a look awaits only its end)."""
     recorder = Recorder(model, monkeypatch)
     queued = []
     monkeypatch.setattr("service.batching._Request", lambda *a, **k: queued.append(a))
