@@ -12,7 +12,7 @@ setup, n, stmts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 py = sys.executable
 
 
-def start(stmt):
+def start(stmt: str) -> tuple[subprocess.Popen[bytes], str]:
     out = tempfile.mktemp(prefix="cg.", dir="/tmp/codec")
     code = (
         f"exec(open({setup!r}).read())\nimport functools\n"
@@ -35,7 +35,7 @@ def start(stmt):
     return p, out
 
 
-def total(p, out):
+def total(p: subprocess.Popen[bytes], out: str) -> tuple[int | None, str]:
     _, err = p.communicate()
     if p.returncode:
         return None, err.decode()[-500:]
@@ -47,6 +47,7 @@ def total(p, out):
 
 runs = [start("None")] + [start(s) for s in stmts]
 base, _ = total(*runs[0])
+assert base is not None, "the empty run failed"
 for stmt, run in zip(stmts, runs[1:], strict=True):
     t, err = total(*run)
     print(
