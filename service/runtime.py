@@ -138,11 +138,17 @@ class Model:
     # batch_invariant (config.pbtxt): the one batch size every run has; 0 where runs take
     # batches as they come
     run_size: int = field(init=False)
+    # A model that batches and takes one input: that input, and its numpy dtype; what
+    # checked_inputs compares a request of one tensor against without its general pass
+    only_input: tuple[TensorConfig, np.dtype] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.config.outputs]
         self.input_configs = {t.name: t for t in self.config.inputs}
         self.run_size = invariant_run_size(self.config)
+        inputs = self.config.inputs
+        one = len(inputs) == 1 and self.config.max_batch_size > 0
+        self.only_input = (inputs[0], inputs[0].numpy_dtype) if one else None
 
     @property
     def providers(self) -> list[str]:
@@ -193,6 +199,25 @@ class Model:
         """A request's inputs by name: names, datatypes, shapes and batch sizes checked against
         this version, and a batch of at most ``maximum`` rows (0: no bound); ``BadInputError`` or
         ``PayloadTooLargeError`` saying what is wrong."""
+        only = self.only_input
+        if only is not None and len(given) == 1:
+            # The common case, a batch for a model of one input, in a few comparisons: a
+            # request that is not exactly right gets the general pass below, and its answer.
+            config, dtype = only
+            tensor = given[0]
+            if tensor.name is None:  # V1: the model's only input
+                array = cast(tensor.array, dtype, "instances")
+                fits = True
+            else:
+                array = tensor.array
+                fits = tensor.name == config.name and tensor.datatype == config.datatype
+            shape = array.shape
+            batch = shape[0] if shape else 0
+            if fits and batch and shape[1:] == config.dims and (not maximum or batch <= maximum):
+                return {config.name: array}
+        return self._checked_inputs(given, maximum)
+
+    def _checked_inputs(self, given: list[RequestInput], maximum: int) -> dict[str, np.ndarray]:
         declared = self.input_configs
         batched = self.config.max_batch_size > 0
         inputs: dict[str, np.ndarray] = {}

@@ -177,3 +177,34 @@ def test_batch_invariant_runs_each_slice_at_one_size(
     for i in (0, 4, 9):  # first, a slice's first, the padded slice's last
         alone = model.infer({"input": rows[i : i + 1]}, ["logits"])["logits"]
         assert alone.tobytes() == got["logits"][i : i + 1].tobytes(), i
+
+
+def test_one_input_shortcut_answers_as_the_general_checks(model_repository: Path) -> None:
+    """checked_inputs' shortcut for a model of one input gives what its general pass gives,
+    the same arrays or the same error."""
+    from service.inference import RequestInput
+
+    model = load_model(model_repository, "digits-mlp", warmup=0)
+    assert model.only_input is not None
+    row, name = np.full((2, 64), 0.5), model.inputs[0].name
+    cases = [
+        [RequestInput(row)],  # V1
+        [RequestInput(row.astype(np.float32), name, "FP32")],
+        [RequestInput(np.full((2, 64), 1e39))],  # outside float32
+        [RequestInput(np.zeros((0, 64)))],  # empty batch
+        [RequestInput(np.zeros(64))],  # no batch axis
+        [RequestInput(np.zeros((2, 63), np.float32), name, "FP32")],
+        [RequestInput(row.astype(np.float32), "other", "FP32")],
+        [RequestInput(row, name, "FP64")],
+        [RequestInput(np.full((9, 64), 0.5))],  # above the maximum of 8
+        [RequestInput(row), RequestInput(row)],
+    ]
+    for given in cases:
+        answers: list[object] = []
+        for check in (model.checked_inputs, model._checked_inputs):
+            try:
+                answers.append({k: (a.dtype, a.tolist()) for k, a in check(given, 8).items()})
+            except Exception as exc:  # the same class and message from both
+                answers.append((type(exc), str(exc)))
+        assert answers[0] == answers[1]
+    assert isinstance(answers[0], tuple)  # the last case fails: both tested, not only passes
