@@ -11,7 +11,7 @@ PORT ?= 8000
 # what is imported, on first import, even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install tools models paper accuracy accuracy-exhaustive run serve test test-fast lint format typecheck pytest pytest-split pytest-rest bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
+.PHONY: install tools models paper accuracy accuracy-exhaustive run serve test test-fast lint format typecheck pytest pytest-split pytest-split-b pytest-rest pytest-rest-b bench bench-peers bench-pool bench-ab loadtest protos settings-doc workbench clean
 
 # Installs by job, into $(VENV): serving and training (`make run`), the benchmark, and
 # everything (`make test`: its tests cover every extra; `make install`, for developers). Each is
@@ -101,25 +101,43 @@ format: $(ALL_ENV)
 typecheck: $(ALL_ENV)
 	$(BIN)/mypy .
 
-# The suite as two pytest processes at once (PYTEST_JOBS=1: one after the other): the tests of
+# The suite as four pytest processes at once (PYTEST_JOBS=1: one after the other): the tests of
 # the service, its contract and security as a serving install runs them, torch and models/
 # unimportable (tests/serving_install.py, a plugin: `python -m` puts the checkout on sys.path
-# before pytest loads it), and all the others. Each collects and runs its half
-# in order as one process would; pytest-xdist's workers need identical collections and run
-# tests in other orders, and this suite holds to neither yet (docs/workbench.md).
+# before pytest loads it), and all the others; each side in two, PYTEST_SPLIT_B and PYTEST_REST_B
+# apart from the rest of it (both empty: two processes). Most tests wait on servers and
+# subprocesses, so four share two cores. Each collects and runs its part in order as one process
+# would; pytest-xdist's workers need identical collections and run tests in other orders, and
+# this suite holds to neither yet (docs/workbench.md).
 PYTEST_SPLIT ?= tests/service tests/contract tests/security
-PYTEST_JOBS ?= 2
+PYTEST_SPLIT_B ?= tests/service/rest tests/service/grpc tests/service/repository
+PYTEST_REST_B ?= tests/bench tests/models tests/workbench
+PYTEST_JOBS ?= 4
+PYTEST_PARTS := pytest-split pytest-rest $(if $(strip $(PYTEST_SPLIT_B)),pytest-split-b) \
+	$(if $(strip $(PYTEST_REST_B)),pytest-rest-b)
 
 pytest: $(ALL_ENV) tools
-	$(MAKE) --no-print-directory -j$(PYTEST_JOBS) --output-sync=target pytest-split pytest-rest
+	$(MAKE) --no-print-directory -k -j$(PYTEST_JOBS) --output-sync=target $(PYTEST_PARTS)
 
 pytest-split: $(ALL_ENV) tools
-	$(BIN)/python -m pytest -q -p tests.serving_install $(PYTEST_SPLIT)
+	$(BIN)/python -m pytest -q -p tests.serving_install $(addprefix --ignore=,$(PYTEST_SPLIT_B)) \
+		$(filter-out $(PYTEST_SPLIT_B),$(PYTEST_SPLIT))
+
+pytest-split-b: $(ALL_ENV) tools
+	$(BIN)/python -m pytest -q -p tests.serving_install $(PYTEST_SPLIT_B)
 
 pytest-rest: $(ALL_ENV) tools
-	$(BIN)/pytest -q $(addprefix --ignore=,$(PYTEST_SPLIT))
+	$(BIN)/pytest -q $(addprefix --ignore=,$(PYTEST_SPLIT) $(PYTEST_REST_B))
 
-test: lint typecheck pytest
+pytest-rest-b: $(ALL_ENV) tools
+	$(BIN)/pytest -q $(PYTEST_REST_B)
+
+# Lint and the type check beside the pytest parts, not a minute before them (-k: every part
+# runs to its end, each failure is printed whole, and make exits non-zero).
+TEST_JOBS ?= 6
+
+test: $(ALL_ENV) tools
+	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target lint typecheck $(PYTEST_PARTS)
 
 # The tests without real servers, full-size training, Docker or benchmarks: well under a minute.
 test-fast: $(ALL_ENV)

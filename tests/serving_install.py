@@ -1,7 +1,7 @@
 """A pytest plugin: the tests run as a serving install runs them, with torch, ``models/``,
 scikit-learn and onnxscript unimportable (``python -m pytest -p tests.serving_install``, the
-first half of ``make pytest``). A test skipped for any reason but the want of a GPU fails the
-run, so that nothing is skipped for want of what a serving install lacks."""
+serving-install parts of ``make pytest``). A test skipped for any reason but the want of a
+GPU fails the run, so that nothing is skipped for want of what a serving install lacks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""tests.serving_install: tests run as a serving install runs them (``make pytest``'s first
-half); a skip for want of anything but a GPU fails the run."""
+"""tests.serving_install: tests run as a serving install runs them (``make pytest``'s serving
+parts); a skip for want of anything but a GPU fails the run."""
 
 from __future__ import annotations
 
