@@ -160,3 +160,38 @@ def test_method_path_variants_do_not_bypass_authorisation(address: str) -> None:
         for path in variants:
             assert _call(channel, path, request) in refused, path
             assert _ready(channel), f"{path} unloaded the model"
+
+
+def test_an_undecodable_message_is_invalid_argument(model_repository: Path) -> None:
+    """A client mistake is a 4xx (the project's rule; gRPC's INVALID_ARGUMENT, as HTTP answers
+    an unparseable body 400): a message that is not the method's protobuf ends the call
+    INVALID_ARGUMENT, unary or streamed, inference's or health's. grpcio's own answer is
+    UNKNOWN ("Unexpected <class 'DecodeError'>", the server's exception type sent to the
+    client), with an ERROR line and a traceback logged for every such message: a log that
+    anyone reaching a method open to them can flood (CWE-779), and a call counted in neither
+    the metrics nor the access log. So at b7997f9 (ReadWithin) and at b057f08 (Dispatch)
+    alike: both read the message through grpcio's deserializer, outside the envelope."""
+    port = free_port()
+    garbage = b"\xff\xff\xff"  # a field tag whose varint never ends: no message decodes it
+    paths = [f"/{SERVICE}/ModelInfer", f"/{SERVICE}/ServerLive", "/grpc.health.v1.Health/Check"]
+    with (
+        running(model_repository, GELU_GRPC_PORT=str(port)),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        codes: dict[str, grpc.StatusCode] = {}
+        for path in paths:
+            unary = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+            try:
+                unary(garbage, timeout=10)
+            except grpc.RpcError as exc:
+                codes[path] = exc.code()
+        stream = channel.stream_stream(
+            f"/{SERVICE}/ModelStreamInfer", request_serializer=bytes, response_deserializer=bytes
+        )
+        try:
+            list(stream(iter([garbage]), timeout=10))
+        except grpc.RpcError as exc:
+            codes["ModelStreamInfer"] = exc.code()
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        assert codes == {path: invalid for path in [*paths, "ModelStreamInfer"]}, codes
+    # Leaving ``running`` checks that the server logged no traceback for them.
