@@ -7,6 +7,7 @@ method by method in tests/service/grpc/test_server.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -195,3 +196,50 @@ def test_an_undecodable_message_is_invalid_argument(model_repository: Path) -> N
         invalid = grpc.StatusCode.INVALID_ARGUMENT
         assert codes == {path: invalid for path in [*paths, "ModelStreamInfer"]}, codes
     # Leaving ``running`` checks that the server logged no traceback for them.
+
+
+def test_silent_streams_on_every_connection_do_not_lock_out_other_clients(
+    model_repository: Path,
+) -> None:
+    """Slowloris (CVE-2007-6750's class) on HTTP/2 streams: a client opens as many connections
+    as the server takes (GELU_MAX_CONNECTIONS) and on each one ModelStreamInfer stream that
+    sends nothing. A connection with a call in flight is never idle (GOAWAY after
+    GELU_KEEP_ALIVE_SECONDS spares it), and a stream is the client's to pace (no
+    GELU_BODY_TIMEOUT_SECONDS), so another client is refused a connection for as long as the
+    streams stay open. A silent stream must be let go (as a slow body is on HTTP) so that the
+    other client is answered within a few seconds."""
+    port, connections = free_port(), 4
+    env = {"GELU_GRPC_PORT": str(port), "GELU_MAX_CONNECTIONS": str(connections),
+           "GELU_KEEP_ALIVE_SECONDS": "1", "GELU_BODY_TIMEOUT_SECONDS": "1"}  # fmt: skip
+    release = threading.Event()
+
+    def silent() -> Iterator[bytes]:
+        release.wait(60)
+        yield from ()
+
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own each
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options) for _ in range(connections + 1)]
+    try:
+        with running(model_repository, **env):
+            streams = [
+                channel.stream_stream(f"/{SERVICE}/ModelStreamInfer", request_serializer=bytes,
+                                      response_deserializer=bytes)(silent(), timeout=60)
+                for channel in channels[:connections]
+            ]  # fmt: skip
+            other = channels[-1].unary_unary(
+                f"/{SERVICE}/ServerLive", request_serializer=bytes, response_deserializer=bytes
+            )
+            answered, deadline = False, time.monotonic() + 10
+            while not answered and time.monotonic() < deadline:
+                try:
+                    other(pb.ServerLiveRequest().SerializeToString(), timeout=2)
+                    answered = True
+                except grpc.RpcError:
+                    time.sleep(0.5)
+            held = sum(not stream.done() for stream in streams)
+            release.set()
+            assert answered, f"another client locked out while {held} silent streams are held"
+    finally:
+        release.set()
+        for channel in channels:
+            channel.close()
