@@ -137,7 +137,7 @@ class DataPlane:
         (a model that fails to load is one only with ``GELU_EXIT_ON_ERROR``)."""
         settings = self.settings
         root = settings.model_repository
-        self.tracing = Tracing.from_environment()
+        self.tracing = Tracing.from_environment(self.metrics.traces_dropped.inc)
         self.trace_settings = TraceSettings(enabled=self.tracing is not None)
         if not root.is_dir():
             raise StartupError(

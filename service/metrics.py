@@ -436,6 +436,10 @@ class Metrics:
             "gelu_model_load_failures", "Model (version) loads that failed; the log says why",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.traces_dropped = Counter(
+            "gelu_traces_dropped", "Finished traces dropped because the export queue "
+            "(OTEL_BSP_MAX_QUEUE_SIZE) was full", registry=registry,
+        )  # fmt: skip
         self._residency(registry)
         self._queues = _Queues(registry, multiprocess)
 

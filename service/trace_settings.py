@@ -35,7 +35,7 @@ class TraceSettings:
         }  # fmt: skip
         self.models: dict[str, dict[str, Any]] = {}  # only the repository's model names
         self._seen: dict[str, int] = {}  # requests counted towards trace_rate, by model
-        self._every = enabled  # every request picked (nothing to count): pick's fast answer
+        self.every = enabled  # every request picked (nothing to count): pick's fast answer
 
     def effective(self, model: str | None = None) -> dict[str, Any]:
         """The settings in force for ``model`` (the server's, where it overrides none)."""
@@ -71,7 +71,7 @@ class TraceSettings:
         if model is not None and not target:
             del self.models[model]
         server = self.server
-        self._every = (
+        self.every = (
             not self.models
             and server["trace_level"][0] != "OFF"
             and (server["trace_rate"] == 1 and server["trace_count"] == -1)
@@ -103,7 +103,7 @@ class TraceSettings:
     def pick(self, model: str) -> bool:
         """Whether this request (for repository model ``model``, or "" when it names none
         the repository holds) is traced; counts it towards the rate and the count."""
-        if self._every:  # the default with an exporter: one attribute read per request
+        if self.every:  # the default with an exporter: one attribute read per request
             return True
         override = self.models.get(model)
         values = {**self.server, **override} if override else self.server

@@ -31,7 +31,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from service import __version__
+from service import __version__, otlp
 from service.errors import StartupError
 
 logger = logging.getLogger("gelu_serve")
@@ -67,15 +67,22 @@ def epoch_ns(perf_ns: int) -> int:
     return perf_ns + _EPOCH_OFFSET
 
 
+_getrandbits = random.getrandbits
+
+
 def _new_id(bits: int) -> int:
     """A random trace (128) or span (64) id; never the invalid 0."""
     return random.getrandbits(bits) or 1
 
 
-def _exporter(name: str) -> SpanExporter:
+Exporter = SpanExporter | otlp.HttpExporter  # the SDK's (given spans) or OTLP/HTTP's (bytes)
+
+
+def _exporter(name: str) -> Exporter:
     """The exporter ``OTEL_TRACES_EXPORTER`` names; OTLP over the protocol the
     ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` says (the specification's default,
-    http/protobuf), configured by the exporter itself from the environment."""
+    http/protobuf, written by ``service.otlp``; grpc by the SDK's exporter), configured
+    from the environment as the SDK's exporters are."""
     if name == "console":
         return ConsoleSpanExporter()
     if name != "otlp":
@@ -89,9 +96,7 @@ def _exporter(name: str) -> SpanExporter:
 
         return grpc_otlp.OTLPSpanExporter()
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_otlp
-
-        return http_otlp.OTLPSpanExporter()
+        return otlp.HttpExporter()
     raise StartupError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: choose {' or '.join(PROTOCOLS)}")
 
 
@@ -122,15 +127,21 @@ class Exporting:
     a batch's worth waits. A trace finished while ``limit`` wait is dropped and counted."""
 
     def __init__(
-        self, exporters: list[SpanExporter], resource: Resource, scope: InstrumentationScope
+        self,
+        exporters: list[Exporter],
+        resource: Resource,
+        scope: InstrumentationScope,
+        dropped: Callable[[], None] | None = None,
     ) -> None:
         self.exporters = exporters
         self.resource = resource
         self.scope = scope
+        self.encoder = otlp.Encoder(resource.attributes, scope.name, scope.version or "")
         self.limit = _positive("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self.batch = _positive("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
         self.delay_s = _positive("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.dropped = 0  # traces dropped on a full queue, since start
+        self._on_drop = dropped  # told of each (the service's gelu_traces_dropped)
         self._queue: deque[RequestTrace | BatchTrace] = deque()
         self._wake = threading.Event()
         self._exporting = threading.Lock()  # the thread's drain against a flush's
@@ -143,6 +154,8 @@ class Exporting:
         queue = self._queue
         if len(queue) >= self.limit:
             self.dropped += 1
+            if self._on_drop is not None:
+                self._on_drop()
             if self.dropped == 1 or not self.dropped % 10_000:
                 logger.warning("trace export queue full (OTEL_BSP_MAX_QUEUE_SIZE=%d): %d "
                                "traces dropped so far", self.limit, self.dropped)  # fmt: skip
@@ -175,21 +188,34 @@ class Exporting:
                 self._drain()
 
     def _drain(self) -> None:
-        queue, spans = self._queue, list[ReadableSpan]()
+        # Each trace is made into what its exporters take: the SDK's spans, OTLP's bytes.
+        sdk = any(not isinstance(e, otlp.HttpExporter) for e in self.exporters)
+        wire = any(isinstance(e, otlp.HttpExporter) for e in self.exporters)
+        queue, spans, encoded = self._queue, list[ReadableSpan](), list[bytes]()
         while queue:
-            queue.popleft().spans(self, spans)
-            if len(spans) >= self.batch:
-                self._export(spans)
-                spans = []
-        if spans:
-            self._export(spans)
+            finished = queue.popleft()
+            if sdk:
+                finished.spans(self, spans)
+            if wire:
+                finished.encode(self.encoder, encoded)
+            if max(len(spans), len(encoded)) >= self.batch:
+                self._export(spans, encoded)
+                spans, encoded = [], []
+        if spans or encoded:
+            self._export(spans, encoded)
 
-    def _export(self, spans: list[ReadableSpan]) -> None:
+    def _export(self, spans: list[ReadableSpan], encoded: list[bytes]) -> None:
+        body = self.encoder.request(encoded) if encoded else b""
         for exporter in self.exporters:
             try:
-                exporter.export(spans)
+                if isinstance(exporter, otlp.HttpExporter):
+                    exporter.export(body)
+                else:
+                    exporter.export(spans)
             except Exception:  # an exporter's failure must not stop the thread
-                logger.exception("trace export failed; %d spans lost", len(spans))
+                logger.exception(
+                    "trace export failed; %d spans lost", max(len(spans), len(encoded))
+                )
 
     def span(
         self,
@@ -225,7 +251,9 @@ def _positive(variable: str, default: int) -> int:
 class Tracing:
     """The process's tracer: its sampler, propagators and exporting thread."""
 
-    def __init__(self, exporters: Iterable[SpanExporter]) -> None:
+    def __init__(
+        self, exporters: Iterable[Exporter], dropped: Callable[[], None] | None = None
+    ) -> None:
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": "gelu-serve"}))
@@ -234,14 +262,15 @@ class Tracing:
         self.fields = frozenset(propagate.get_global_textmap().fields)
         self.header_fields = frozenset(f.encode("latin-1") for f in self.fields)
         scope = InstrumentationScope("gelu_serve", __version__)
-        self.exporting = Exporting(list(exporters), resource, scope)
+        self.exporting = Exporting(list(exporters), resource, scope, dropped)
 
     @classmethod
-    def from_environment(cls) -> Tracing | None:
-        """Tracing as ``OTEL_TRACES_EXPORTER`` asks, or None (off: unset or ``none``)."""
+    def from_environment(cls, dropped: Callable[[], None] | None = None) -> Tracing | None:
+        """Tracing as ``OTEL_TRACES_EXPORTER`` asks, or None (off: unset or ``none``);
+        ``dropped`` is called for each trace dropped on a full export queue."""
         names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
         names = [n for n in names if n and n != "none"]
-        return cls([_exporter(n) for n in names]) if names else None
+        return cls([_exporter(n) for n in names], dropped) if names else None
 
     def sample(self, name: str, carrier: Mapping[str, str] | None = None) -> RequestTrace | None:
         """A request's trace if the sampler keeps it, else None, having built nothing.
@@ -249,10 +278,12 @@ class Tracing:
         propagators' headers) is among them, else None (a root: one random number and one
         comparison decide). ``name`` is the span's; the caller then ``open``s the trace."""
         if carrier is None:
-            trace_id = _new_id(128)
-            if trace_id & _RATIO_BITS >= self.root_bound:
+            # The ratio samplers read a trace id's low 64 bits: draw those, decide, and only
+            # then the high 64 bits (one C call for a request sampled out).
+            low = _getrandbits(64)
+            if low >= self.root_bound:
                 return None
-            return RequestTrace(self, name, trace_id, None, None)
+            return RequestTrace(self, name, (_getrandbits(64) << 64 | low) or 1, None, None)
         context = propagate.extract(carrier)
         found = trace.get_current_span(context).get_span_context()
         parent = found if found.is_valid else None
@@ -299,13 +330,20 @@ class BatchTrace:
                                    self.began_ns, self.began_ns + self.took_ns,
                                    self.attributes, links))  # fmt: skip
 
+    def encode(self, encoder: otlp.Encoder, into: list[bytes]) -> None:
+        """Its span as OTLP bytes: what ``spans`` makes, as the SDK's encoder writes it."""
+        began = epoch_ns(self.began_ns)
+        into.append(encoder.span(self.trace_id, self.span_id, "", None, False, "batch",
+                                 otlp.KIND_INTERNAL, began, began + self.took_ns,
+                                 self.attributes, self.links))  # fmt: skip
+
 
 class RequestTrace:
     """One sampled request: its ids, attributes and stages' marks (perf ns), exported as a
     span with a child per stage once it ``end``s."""
 
-    __slots__ = ("attributes", "batch", "end_ns", "name", "parent", "span_id", "stages",
-                 "start_ns", "status", "trace_id", "trace_state", "tracing")  # fmt: skip
+    __slots__ = ("attributes", "batch", "end_ns", "name", "parent", "span_id", "stage_ids",
+                 "stages", "start_ns", "status", "trace_id", "trace_state", "tracing")  # fmt: skip
 
     def __init__(
         self,
@@ -322,6 +360,7 @@ class RequestTrace:
         self.parent = parent
         self.trace_state = trace_state
         self.stages: list[tuple[str, int, int]] = []
+        self.stage_ids: list[int] = []  # its stages' span ids, drawn when first exported
         self.batch: BatchTrace | None = None
         self.attributes: dict[str, Any] = {}
         self.start_ns = self.end_ns = self.status = 0
@@ -363,14 +402,21 @@ class RequestTrace:
         self.status, self.end_ns = status, end_ns
         self.tracing.exporting.put(self)
 
+    def _stage_ids(self) -> list[int]:
+        """Its stages' span ids, the same to every exporter."""
+        ids = self.stage_ids
+        while len(ids) < len(self.stages):
+            ids.append(_new_id(64))
+        return ids
+
     def spans(self, exporting: Exporting, into: list[ReadableSpan]) -> None:
         """Its stages' spans, then its own (an error status for a 5xx: a client's 4xx is not
         the server's error), made on the exporting thread."""
         context = self.context()
         batch = (trace.Link(self.batch.context()),) if self.batch is not None else ()
         internal = trace.SpanKind.INTERNAL
-        for stage, start, end in self.stages:
-            child = trace.SpanContext(self.trace_id, _new_id(64), False, _SAMPLED,
+        for (stage, start, end), span_id in zip(self.stages, self._stage_ids(), strict=True):
+            child = trace.SpanContext(self.trace_id, span_id, False, _SAMPLED,
                                       self.trace_state)  # fmt: skip
             links = batch if stage == "compute" else ()
             into.append(exporting.span(stage, child, context, internal, start, end, None, links))
@@ -388,6 +434,25 @@ class RequestTrace:
                 status,
             )
         )
+
+    def encode(self, encoder: otlp.Encoder, into: list[bytes]) -> None:
+        """Its stages' spans and its own as OTLP bytes: what ``spans`` makes, as the SDK's
+        encoder writes it."""
+        state = self.trace_state
+        states = ",".join(f"{k}={v}" for k, v in state.items()) if state else ""
+        trace_id, span_id, internal = self.trace_id, self.span_id, otlp.KIND_INTERNAL
+        batch = ((self.batch.trace_id, self.batch.span_id),) if self.batch is not None else ()
+        for (stage, start, end), stage_id in zip(self.stages, self._stage_ids(), strict=True):
+            into.append(encoder.span(trace_id, stage_id, states, span_id, False, stage,
+                                     internal, epoch_ns(start), epoch_ns(end), None,
+                                     batch if stage == "compute" else ()))  # fmt: skip
+        parent = self.parent
+        into.append(encoder.span(trace_id, span_id, states,
+                                 None if parent is None else parent.span_id,
+                                 parent is not None and parent.is_remote, self.name,
+                                 otlp.KIND_SERVER, epoch_ns(self.start_ns),
+                                 epoch_ns(self.end_ns), self.attributes, (),
+                                 self.status >= 500))  # fmt: skip
 
 
 def batch_of(

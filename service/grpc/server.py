@@ -550,18 +550,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """An inference request's trace, if Triton's trace settings pick it and the sampler
         keeps it: a span under the caller's ``traceparent`` metadata, named as
         OpenTelemetry's RPC conventions name it; nothing is built for one sampled out."""
-        name = request.model_name
-        model = name if name and self.plane.knows_model(name) else ""
         tracing = self.plane.tracing
-        if tracing is None or not self.plane.trace_settings.pick(model):
+        if tracing is None:
+            return None
+        settings = self.plane.trace_settings
+        # Every request picked (the default): the model is looked up only for a sampled one.
+        if not settings.every and not settings.pick(self._model(request)):
             return None
         parented = not tracing.fields.isdisjoint(carrier)
         trace = tracing.sample(f"{SERVICE}/{method}", carrier if parented else None)
         if trace is None:
             return None
+        model = self._model(request)
         attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
                       "triton.model_name": model}  # fmt: skip
         return trace.open(time.perf_counter_ns(), attributes)
+
+    def _model(self, request: Any) -> str:
+        """The request's model, when the repository holds it, else ""."""
+        name = request.model_name
+        return name if name and self.plane.knows_model(name) else ""
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Triton's streaming inference: ``stream_answers``, each written as it comes."""

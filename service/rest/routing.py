@@ -164,25 +164,31 @@ class DirectRoutes:
         tracing = self.plane.tracing
         if tracing is None:
             return None
-        name = scope["path_params"].get("name", "")
-        model = name if name and self._known(name) else ""
-        if not self.plane.trace_settings.pick(model):
+        settings = self.plane.trace_settings
+        # Every request picked (the default): the model is looked up only for a sampled one.
+        if not settings.every and not settings.pick(self._model(scope)):
             return None
-        route: DirectRoute = scope["route"]
-        span_name = route.span_names[scope["method"]]
         fields = tracing.header_fields
         parented = False
         for key, _ in scope["headers"]:
             if key in fields:
                 parented = True
                 break
+        route: DirectRoute = scope["route"]
+        span_name = route.span_names[scope["method"]]
         trace = tracing.sample(span_name, request_headers(scope) if parented else None)
         if trace is None:
             return None
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"],
-                      "http.route": route.path, "triton.model_name": model}  # fmt: skip
+                      "http.route": route.path,
+                      "triton.model_name": self._model(scope)}  # fmt: skip
         scope[TRACE] = trace.open(time.perf_counter_ns(), attributes)
         return trace
+
+    def _model(self, scope: Scope) -> str:
+        """The matched request's model, when the repository holds it, else ""."""
+        name = scope["path_params"].get("name", "")
+        return name if name and self._known(name) else ""
 
 
 class Classed(NamedTuple):

@@ -368,6 +368,36 @@ def test_a_full_export_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch) -
         tracing.shutdown()
 
 
+def test_traces_dropped_on_a_full_queue_are_a_metric(
+    settings_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests traced while the export queue is full are counted in
+    ``gelu_traces_dropped_total``, as a scrape reads it; a flush makes room again."""
+    client, memory = _memory_traced_client(
+        settings_factory, monkeypatch, OTEL_TRACES_SAMPLER="always_on", OTEL_BSP_MAX_QUEUE_SIZE="2"
+    )
+
+    def dropped() -> float:
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("gelu_traces_dropped_total "):
+                return float(line.split()[1])
+        raise AssertionError("gelu_traces_dropped_total is not exported")
+
+    try:
+        body = {"instances": DIGITS[:1].tolist()}
+        assert dropped() == 0
+        for _ in range(5):  # one at a time: no batch spans, one trace each
+            assert client.post("/v1/models/digits-mlp:predict", json=body).status_code == 200
+        assert dropped() == 3
+        client.app.state.dataplane.tracing.flush()
+        assert client.post("/v1/models/digits-mlp:predict", json=body).status_code == 200
+        assert dropped() == 3
+        client.app.state.dataplane.tracing.flush()
+        assert sum(s.kind.name == "SERVER" for s in memory.get_finished_spans()) == 3
+    finally:
+        client.__exit__(None, None, None)
+
+
 def test_a_misnamed_sampler_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK would fall back to always on; here the variable is named in the refusal."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
