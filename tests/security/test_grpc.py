@@ -209,8 +209,13 @@ def test_silent_streams_on_every_connection_do_not_lock_out_other_clients(
     streams stay open. A silent stream must be let go (as a slow body is on HTTP) so that the
     other client is answered within a few seconds."""
     port, connections = free_port(), 4
-    env = {"GELU_GRPC_PORT": str(port), "GELU_MAX_CONNECTIONS": str(connections),
-           "GELU_KEEP_ALIVE_SECONDS": "1", "GELU_BODY_TIMEOUT_SECONDS": "1"}  # fmt: skip
+    env = {
+        "GELU_GRPC_PORT": str(port),
+        "GELU_MAX_CONNECTIONS": str(connections),
+        "GELU_KEEP_ALIVE_SECONDS": "1",
+        "GELU_BODY_TIMEOUT_SECONDS": "1",
+        "GELU_GRPC_STREAM_IDLE_SECONDS": "1",
+    }  # fmt: skip (its 60 s default, shortened)
     release = threading.Event()
 
     def silent() -> Iterator[bytes]:
