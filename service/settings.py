@@ -131,6 +131,14 @@ class Settings(BaseSettings):
         "connections' streams together are held to GELU_MAX_CONNECTIONS, apart from unary "
         "calls, so streams never take the calls other clients' unary ones need.",
     )
+    grpc_stream_idle_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A gRPC stream of requests (ModelStreamInfer, reflection) with none in "
+        "progress that sends none for this long is ended (DEADLINE_EXCEEDED), as a proxy's read "
+        "timeout does (nginx's grpc_read_timeout, 60 s); its connection, idle then, is closed "
+        "after GELU_KEEP_ALIVE_SECONDS. Silent streams cannot hold every connection.",
+    )
     tls_cert_file: Path | None = Field(
         None,
         description="PEM certificate (chain) both faces serve TLS with; unset: plaintext. "

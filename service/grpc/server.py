@@ -13,8 +13,9 @@ answered as ModelInfer would answer it); a ``ServiceError`` becomes one gRPC sta
 grpcio's terms (``GrpcServer``, ``Envelope.method``).
 
 Every method of every service is served inside one ``Envelope``: request id, the credentials
-of the method's route class, the message-size bound, the share of streams, metrics, the access
-log and the trace's end. The envelope is in the methods themselves (``Envelope.method``;
+of the method's route class, the message decoded (grpcio hands it over as bytes), the
+message-size bound, the share of streams and a stream's idle clock, metrics, the access log
+and the trace's end. The envelope is in the methods themselves (``Envelope.method``;
 ``InferenceServicer``'s are built through it; health's and reflection's are wrapped by
 ``enveloped``), not in an interceptor: Ray Serve's gRPC proxy calls the servicer's methods
 directly (``deploy/ray/serve_app.py``) and gets the same envelope as grpcio's server, to which
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 from google.protobuf import json_format
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
@@ -44,6 +46,8 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
+    BadInputError,
+    DeadlineExceededError,
     NotReadyError,
     PayloadTooLargeError,
     ServiceError,
@@ -121,16 +125,60 @@ class Failure(NamedTuple):
     message: str
 
 
+class Quiet:
+    """A client stream's idle clock: a read with no request of the stream in progress (read
+    and not yet answered) ends the call after ``seconds`` (GELU_GRPC_STREAM_IDLE_SECONDS), as a
+    proxy's read timeout does; the clock stops while a request is in progress. Without it a
+    silent stream on each connection held every connection grpcio takes (Slowloris)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.busy = 0
+        self._timer: asyncio.Timeout | None = None
+
+    def hold(self) -> None:
+        """A request read is in progress."""
+        self.busy += 1
+        self._reschedule()
+
+    def release(self) -> None:
+        """A request in progress was answered."""
+        self.busy -= 1
+        self._reschedule()
+
+    def _when(self) -> float | None:
+        return None if self.busy else asyncio.get_running_loop().time() + self.seconds
+
+    def _reschedule(self) -> None:
+        if self._timer is not None and not self._timer.expired():
+            self._timer.reschedule(self._when())
+
+    async def next(self, requests: AsyncIterator[Any]) -> Any:
+        """The stream's next message (``StopAsyncIteration`` at its end), or a 504 once idle."""
+        try:
+            async with asyncio.timeout_at(self._when()) as self._timer:
+                return await anext(requests)
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"no request on this stream for {self.seconds:g} s "
+                "(GELU_GRPC_STREAM_IDLE_SECONDS); open another when there is one to send"
+            ) from None
+        finally:
+            self._timer = None
+
+
 @dataclass(slots=True)
 class Call:
     """One call inside the envelope: its service and method, the gRPC context (grpcio's, or
-    Ray's), its metadata (text values, lower-case names) and its trace, once begun."""
+    Ray's), its metadata (text values, lower-case names), its trace, once begun, and, for a
+    stream of requests, its idle clock."""
 
     service: str
     method: str
     context: Any
     metadata: dict[str, str]
     trace: RequestTrace | None = None
+    quiet: Quiet | None = None
 
 
 Behavior = Callable[[Any, Call], Any]  # a method's own work: (request(s), call) -> its answer
@@ -140,16 +188,28 @@ class Streams:
     """Streaming calls in flight (ModelStreamInfer, reflection, health's Watch): at most
     ``per_connection`` on one connection (its peer address) and ``total`` in all. grpcio's
     ``maximum_concurrent_rpcs`` counts unary calls and streams alike; with streams held to their
-    own share, a client holding streams cannot use up the calls that others' unary ones need."""
+    own share, a client holding streams cannot use up the calls that others' unary ones need.
+
+    Streams that read nothing after their one request (health's Watch) may stay open as long as
+    their client likes, silent; they are held to half the total, so that such streams on every
+    connection cannot hold every connection grpcio takes. A stream of requests is let go once
+    idle instead (``Quiet``)."""
 
     def __init__(self, per_connection: int, total: int) -> None:
         self.per_connection, self.total = per_connection, total
-        self.held = 0
+        self.unread_total = max(total // 2, 1)
+        self.held = self.unread = 0
         self._by_peer: dict[str, int] = {}
 
-    def take(self, peer: str | None) -> None:
+    def take(self, peer: str | None, unread: bool = False) -> None:
         """Hold a stream of ``peer`` (None: a caller without one, counted in the total only),
-        or raise ``TooManyStreamsError``."""
+        one that reads nothing more if ``unread``, or raise ``TooManyStreamsError``."""
+        if unread and self.unread >= self.unread_total:
+            raise TooManyStreamsError(
+                f"{self.unread} streams that read no more requests (health's Watch) are open "
+                "on this server, half as many as it takes (GELU_MAX_CONNECTIONS); try again "
+                "when one ends"
+            )
         if self.held >= self.total:
             raise TooManyStreamsError(
                 f"{self.total} streams are open on this server, as many as it takes "
@@ -164,10 +224,12 @@ class Streams:
                 )
             self._by_peer[peer] = held + 1
         self.held += 1
+        self.unread += unread
 
-    def give(self, peer: str | None) -> None:
-        """A stream of ``peer`` ended."""
+    def give(self, peer: str | None, unread: bool = False) -> None:
+        """A stream of ``peer`` (``unread`` as it was taken) ended."""
         self.held -= 1
+        self.unread -= unread
         if peer is not None:
             left = self._by_peer.pop(peer) - 1
             if left:
@@ -220,6 +282,28 @@ class Envelope:
         self.max_message_bytes = settings.max_body_bytes
         self.access_log = settings.access_log
         self.streams = Streams(settings.grpc_max_streams_per_connection, settings.max_connections)
+        self.stream_idle_seconds = settings.grpc_stream_idle_seconds
+        # Each method's request message, to decode what grpcio's server hands over undecoded
+        # (``Dispatch``): here, a message that is no such protobuf is the client's mistake.
+        self.messages = {
+            (service.full_name, method.name): GetMessageClass(method.input_type)
+            for service in (SERVICE_DESCRIPTOR, HEALTH_DESCRIPTOR, REFLECTION_DESCRIPTOR)
+            for method in service.methods
+        }
+
+    def decode(self, call: Call, message: Any) -> Any:
+        """``message`` as its method's request: bytes (grpcio's server, ``Dispatch``) are
+        decoded, or a 400; a message decoded already (Ray's proxy, a test) is itself."""
+        if not isinstance(message, bytes):
+            return message
+        kind = self.messages[(call.service, call.method)]
+        try:
+            return kind.FromString(message)
+        except DecodeError:
+            raise BadInputError(
+                f"the message is not an encoded {kind.DESCRIPTOR.full_name} (protobuf could "
+                f"not decode its {len(message)} bytes)"
+            ) from None
 
     def admit(self, method: str, metadata: dict[str, str]) -> None:
         """Pass, or raise 401 / 403 for a call of ``method`` with ``metadata``."""
@@ -286,7 +370,7 @@ class Envelope:
             call = self._open(service, name, context)
             if isinstance(call, Failure):
                 await _abort(context, call.code, call.message)
-            answer = await self.answer(call, behavior, request, _model_of(request), admit=True)
+            answer = await self.answer(call, behavior, request, None, admit=True)
             if isinstance(answer, Failure):
                 await _abort(context, answer.code, answer.message)
             return answer
@@ -295,10 +379,11 @@ class Envelope:
         return served
 
     async def answer(
-        self, call: Call, behavior: Behavior, request: Any, model: str, admit: bool
+        self, call: Call, behavior: Behavior, request: Any, model: str | None, admit: bool
     ) -> Any | Failure:
-        """``behavior(request, call)``'s answer, after the call's credentials and the message's
-        bound when ``admit`` (a stream's message had both checked as it was read); counted and
+        """``behavior(request, call)``'s answer, after the call's credentials, the message
+        decoded (``decode``; its model, when ``model`` is None) and its bound when ``admit`` (a
+        stream's message had all three checked as it was read); counted and
         timed as the HTTP face does (endpoint ``grpc:Method``, the status as its HTTP
         equivalent), ``call``'s trace ended; a ``ServiceError`` (or a bug) becomes a
         ``Failure`` with its status code and message."""
@@ -306,7 +391,10 @@ class Envelope:
         try:
             if admit:
                 self.admit(call.method, call.metadata)
+                request = self.decode(call, request)
                 self.fit(request)
+            if model is None:
+                model = _model_of(request)
             reply = await behavior(request, call)
         except ServiceError as exc:
             status = exc.status_code
@@ -325,7 +413,7 @@ class Envelope:
             version = getattr(reply, "model_version", "")  # the version that served it
             return reply
         finally:
-            self.observe(call, model, version, status, time.perf_counter() - began)
+            self.observe(call, model or "", version, status, time.perf_counter() - began)
 
     def observe(self, call: Call, model: str, version: str, status: int, seconds: float) -> None:
         """The call's metrics, trace end and access-log line."""
@@ -357,30 +445,38 @@ class Envelope:
     ) -> AsyncGenerator[Any, None]:
         """The answers of a streaming call (``requests``: one message, or the client's stream
         of them) inside the envelope: its credentials and its share of streams before anything
-        is read, each message within its bound as it is read. The call is counted once as it
-        ends, unless the method counts each message itself (``counts_messages``)."""
+        is read, each message decoded and within its bound as it is read, a stream of them let
+        go once idle (``Quiet``). The call is counted once as it ends, unless the method counts
+        each message itself (``counts_messages``; then a failure that is no message's answer,
+        an undecodable or idle one, is counted alone)."""
         call = await self.open(service, method, context)
         peer, began = _peer(context), time.perf_counter()
         single = not hasattr(requests, "__aiter__")
         try:
             self.admit(method, call.metadata)
             if single:
+                requests = self.decode(call, requests)
                 self.fit(requests)
-            self.streams.take(peer)
+            self.streams.take(peer, unread=single)
         except ServiceError as exc:
             self.observe(call, "", "", exc.status_code, time.perf_counter() - began)
             await _abort(context, grpc_code(exc.status_code), exc.message)
         status = 500
+        if not single:
+            call.quiet = Quiet(self.stream_idle_seconds)
+            requests = self._bounded(requests, call)
         try:
-            replies = behavior(requests if single else self._bounded(requests), call)
+            replies = behavior(requests, call)
             if inspect.isasyncgen(replies):
                 async for reply in replies:
                     yield reply
             else:
                 await replies  # a method that writes its answers itself (health's Watch)
             status = 200
-        except ServiceError as exc:  # a message above the bound, or the method's own refusal
+        except ServiceError as exc:  # a message undecodable, above the bound, or idle; or refused
             status = exc.status_code
+            if counts_messages:
+                self.observe(call, "", "", status, time.perf_counter() - began)
             await _abort(context, grpc_code(status), exc.message)
         except (asyncio.CancelledError, GeneratorExit):
             status = CLIENT_CLOSED_REQUEST
@@ -389,12 +485,19 @@ class Envelope:
             status = _status_of(context)
             raise
         finally:
-            self.streams.give(peer)
+            self.streams.give(peer, unread=single)
             if not counts_messages:
                 self.observe(call, "", "", status, time.perf_counter() - began)
 
-    async def _bounded(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-        async for request in requests:
+    async def _bounded(self, requests: AsyncIterator[Any], call: Call) -> AsyncGenerator[Any, None]:
+        iterator, quiet = aiter(requests), call.quiet
+        assert quiet is not None
+        while True:
+            try:
+                request = await quiet.next(iterator)
+            except StopAsyncIteration:
+                return
+            request = self.decode(call, request)
             self.fit(request)
             yield request
 
@@ -612,6 +715,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     message.infer_response.id = request_id  # which request it was, as Triton's
                 yield message
                 window.give(size)  # written: its bytes are no longer held
+                if call.quiet is not None:
+                    call.quiet.release()
             await reader  # a failed read ends the call with its error
         finally:
             reader.cancel()
@@ -629,6 +734,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Start each request read on the core, within the window; None once the client is done."""
         try:
             async for request in requests:
+                if call.quiet is not None:
+                    call.quiet.hold()  # until answered: a client waiting for it is not idle
                 size = request.ByteSize()
                 await window.take(size)
                 answer = self._answer_streamed(request, call)
@@ -789,9 +896,12 @@ class Dispatch(grpc.GenericRpcHandler):
                     streaming = (True, False)
                 else:
                     behavior = getattr(servicer, method.name)
+                # No deserializer: grpcio hands each message over as bytes, and the envelope
+                # decodes it (``Envelope.decode``), so that one that is no protobuf is counted,
+                # logged and answered INVALID_ARGUMENT as any client mistake; grpcio's own
+                # answer was UNKNOWN, naming its exception, with a traceback logged per message.
                 self.handlers[path] = HANDLER_KINDS[streaming](
                     behavior,
-                    request_deserializer=GetMessageClass(method.input_type).FromString,
                     response_serializer=GetMessageClass(method.output_type).SerializeToString,
                 )
 

@@ -7,6 +7,7 @@ method by method in tests/service/grpc/test_server.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -160,3 +161,90 @@ def test_method_path_variants_do_not_bypass_authorisation(address: str) -> None:
         for path in variants:
             assert _call(channel, path, request) in refused, path
             assert _ready(channel), f"{path} unloaded the model"
+
+
+def test_an_undecodable_message_is_invalid_argument(model_repository: Path) -> None:
+    """A client mistake is a 4xx (the project's rule; gRPC's INVALID_ARGUMENT, as HTTP answers
+    an unparseable body 400): a message that is not the method's protobuf ends the call
+    INVALID_ARGUMENT, unary or streamed, inference's or health's. grpcio's own answer is
+    UNKNOWN ("Unexpected <class 'DecodeError'>", the server's exception type sent to the
+    client), with an ERROR line and a traceback logged for every such message: a log that
+    anyone reaching a method open to them can flood (CWE-779), and a call counted in neither
+    the metrics nor the access log. So at b7997f9 (ReadWithin) and at b057f08 (Dispatch)
+    alike: both read the message through grpcio's deserializer, outside the envelope."""
+    port = free_port()
+    garbage = b"\xff\xff\xff"  # a field tag whose varint never ends: no message decodes it
+    paths = [f"/{SERVICE}/ModelInfer", f"/{SERVICE}/ServerLive", "/grpc.health.v1.Health/Check"]
+    with (
+        running(model_repository, GELU_GRPC_PORT=str(port)),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        codes: dict[str, grpc.StatusCode] = {}
+        for path in paths:
+            unary = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+            try:
+                unary(garbage, timeout=10)
+            except grpc.RpcError as exc:
+                codes[path] = exc.code()
+        stream = channel.stream_stream(
+            f"/{SERVICE}/ModelStreamInfer", request_serializer=bytes, response_deserializer=bytes
+        )
+        try:
+            list(stream(iter([garbage]), timeout=10))
+        except grpc.RpcError as exc:
+            codes["ModelStreamInfer"] = exc.code()
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        assert codes == {path: invalid for path in [*paths, "ModelStreamInfer"]}, codes
+    # Leaving ``running`` checks that the server logged no traceback for them.
+
+
+def test_silent_streams_on_every_connection_do_not_lock_out_other_clients(
+    model_repository: Path,
+) -> None:
+    """Slowloris (CVE-2007-6750's class) on HTTP/2 streams: a client opens as many connections
+    as the server takes (GELU_MAX_CONNECTIONS) and on each one ModelStreamInfer stream that
+    sends nothing. A connection with a call in flight is never idle (GOAWAY after
+    GELU_KEEP_ALIVE_SECONDS spares it), and a stream is the client's to pace (no
+    GELU_BODY_TIMEOUT_SECONDS), so another client is refused a connection for as long as the
+    streams stay open. A silent stream must be let go (as a slow body is on HTTP) so that the
+    other client is answered within a few seconds."""
+    port, connections = free_port(), 4
+    env = {
+        "GELU_GRPC_PORT": str(port),
+        "GELU_MAX_CONNECTIONS": str(connections),
+        "GELU_KEEP_ALIVE_SECONDS": "1",
+        "GELU_BODY_TIMEOUT_SECONDS": "1",
+        "GELU_GRPC_STREAM_IDLE_SECONDS": "1",
+    }  # fmt: skip (its 60 s default, shortened)
+    release = threading.Event()
+
+    def silent() -> Iterator[bytes]:
+        release.wait(60)
+        yield from ()
+
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own each
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options) for _ in range(connections + 1)]
+    try:
+        with running(model_repository, **env):
+            streams = [
+                channel.stream_stream(f"/{SERVICE}/ModelStreamInfer", request_serializer=bytes,
+                                      response_deserializer=bytes)(silent(), timeout=60)
+                for channel in channels[:connections]
+            ]  # fmt: skip
+            other = channels[-1].unary_unary(
+                f"/{SERVICE}/ServerLive", request_serializer=bytes, response_deserializer=bytes
+            )
+            answered, deadline = False, time.monotonic() + 10
+            while not answered and time.monotonic() < deadline:
+                try:
+                    other(pb.ServerLiveRequest().SerializeToString(), timeout=2)
+                    answered = True
+                except grpc.RpcError:
+                    time.sleep(0.5)
+            held = sum(not stream.done() for stream in streams)
+            release.set()
+            assert answered, f"another client locked out while {held} silent streams are held"
+    finally:
+        release.set()
+        for channel in channels:
+            channel.close()

@@ -36,6 +36,7 @@ from google.protobuf.message_factory import GetMessageClass
 from bench.proc import pin_tree
 from service.control import ModelControl
 from service.dataplane import DataPlane
+from service.errors import DeadlineExceededError
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.grpc.server import (
@@ -43,11 +44,13 @@ from service.grpc.server import (
     MAX_DETAILS_CHARS,
     REFLECTION_DESCRIPTOR,
     ROUTE_CLASSES,
+    SERVICE,
     SERVICE_DESCRIPTOR,
     STREAM_WINDOW,
     Dispatch,
     GrpcServer,
     InferenceServicer,
+    Quiet,
     Streams,
     TooManyStreamsError,
     Window,
@@ -238,6 +241,20 @@ def test_streams_are_held_per_connection_and_in_all() -> None:
     for peer in ("a", "b", None):
         streams.give(peer)
     assert streams.held == 0 and streams.of("a") == 0
+
+
+def test_streams_that_read_nothing_more_hold_half_the_total() -> None:
+    """Health's Watch may stay silent as long as its client likes: such streams on every
+    connection would hold every connection the server takes."""
+    streams = Streams(per_connection=16, total=4)
+    streams.take("a", unread=True)
+    streams.take("b", unread=True)
+    with pytest.raises(TooManyStreamsError, match="half as many"):
+        streams.take("c", unread=True)
+    streams.take("c")  # a stream of requests: let go once idle instead
+    streams.give("a", unread=True)
+    streams.take("c", unread=True)
+    assert (streams.held, streams.unread) == (3, 2)
 
 
 @pytest.mark.anyio
@@ -621,6 +638,28 @@ def test_metrics_count_grpc_calls(server: ServedFaces) -> None:
 
 
 @pytest.mark.slow
+def test_an_undecodable_message_is_counted_as_a_client_mistake(server: ServedFaces) -> None:
+    """A message that is no protobuf of its method is decoded inside the envelope (grpcio's
+    server hands it over as bytes): INVALID_ARGUMENT, naming the message it is not, and counted
+    as a 400 under its method, unary or streamed."""
+    channel = grpc.insecure_channel(server.address)
+    garbage = b"\xff\xff\xff"
+    live = channel.unary_unary(f"/{SERVICE}/ServerLive")
+    with pytest.raises(grpc.RpcError) as caught:
+        live(garbage, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not an encoded inference.ServerLiveRequest" in (caught.value.details() or "")
+    stream = channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stream(iter([garbage]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    metrics = get(server.http_port, "/metrics")[1].decode()
+    for method in ("ServerLive", "ModelStreamInfer"):
+        assert any(f'endpoint="grpc:{method}"' in x and 'code="400"' in x
+                   for x in metrics.splitlines()), method  # fmt: skip
+
+
+@pytest.mark.slow
 def test_grpc_requests_batch_alone_and_with_http(model_repository: Path) -> None:
     """With batches on a worker thread and a 300 ms queue delay, one HTTP and one gRPC request
     sent together run as one batch of two, and then eight gRPC calls sent together as one
@@ -885,6 +924,28 @@ def test_the_window_holds_requests_up_to_its_count_and_bytes() -> None:
         await asyncio.wait_for(larger, 1)
         window.give(50)
         await asyncio.wait_for(window.take(500), 1)  # alone, any request fits
+
+    asyncio.run(main())
+
+
+def test_a_quiet_stream_is_ended_only_with_no_request_in_progress() -> None:
+    async def main() -> None:
+        silent = asyncio.Event()
+
+        async def requests() -> AsyncIterator[int]:
+            yield 1
+            await silent.wait()
+            yield 2
+
+        quiet, iterator = Quiet(0.05), requests()
+        assert await quiet.next(iterator) == 1
+        quiet.hold()  # a request in progress: its client waits for the answer, not idle
+        read = asyncio.ensure_future(quiet.next(iterator))
+        await asyncio.sleep(0.2)
+        assert not read.done()
+        quiet.release()  # answered: idle from now
+        with pytest.raises(DeadlineExceededError, match="GELU_GRPC_STREAM_IDLE_SECONDS"):
+            await asyncio.wait_for(read, 1)
 
     asyncio.run(main())
 
