@@ -12,10 +12,10 @@ process moves its count by tenths of a percent (the heap is laid out differently
 process goes on), so each state is counted early and late. The requests' onnxruntime runs are
 in the count, HTTP is not. Under callgrind a run takes some 50 times as long, so the inline
 bound is raised for the service to take the path it takes natively (inline, on the loop).
-Batching on's window is counted in a quiet (``service.batching.QUIET_MS``): the requests are
-driven by hand, so the loop does not run and the timer that would end the quiet does not ring,
-and the window holds none of the looks for company a lone client makes once a quiet ends
-(natively, one every 64 ms).
+The requests run on an event loop, as served: batching on's window holds the looks for
+company a lone client makes whenever a quiet ends (``service.batching.QUIET_MS``; natively one
+every 64 ms, under callgrind's slower clock more often per request): the batcher's look is a
+loop callback, so the requests cannot be driven by hand.
 
 Start-up (imports, sessions, timings) is not counted, and is most of the time: callgrind runs
 it uninstrumented (``--instr-atstart=no``; the imports ran four times as fast), the process
@@ -100,33 +100,29 @@ def instrument(on: bool) -> None:
     )
 
 
-def serve_one(plane: DataPlane, request: InferenceRequest, times: int = 1) -> None:
-    """``request``, ``times`` times, one at a time, through ``plane``; driven by hand, not by
-    an event loop: a lone request at most yields bare (asyncio's sleep(0)) while it looks for
-    company, and none comes."""
+async def serve(plane: DataPlane, request: InferenceRequest, times: int) -> None:
+    """``request``, ``times`` times, one at a time, through ``plane``."""
     for _ in range(times):
-        answer = plane.infer(SMALL, None, request)
-        try:
-            while True:
-                answer.send(None)
-        except StopIteration:
-            pass
+        await plane.infer(SMALL, None, request)
 
 
-async def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
+def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
     """``calls`` small requests of ``inputs``, one at a time, through each window's
-    ``DataPlane.infer`` (a new one for each, in ``ORDER``), inside one ``operator.call`` each."""
+    ``DataPlane.infer`` (a new one for each, in ``ORDER``), on an event loop whose
+    ``run_until_complete`` runs inside one ``operator.call`` per window."""
     from service.dataplane import DataPlane
     from service.inference import InferenceRequest, RequestInput
     from service.settings import Settings
 
     request = InferenceRequest([RequestInput(inputs)])
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     for state in ORDER:
         plane = DataPlane(
             Settings(
                 model_repository=repository,
                 batching=state == "batching on",
-                max_queue_delay_us=0,  # a request that looks for company yields, bare
+                max_queue_delay_us=0,  # a lone request looks for company once, finds none
                 model_control_mode="explicit",
                 load_models=[SMALL],
                 grpc_port=0,
@@ -135,13 +131,14 @@ async def serve_alone(repository: Path, inputs: np.ndarray, calls: int) -> None:
                 compile_activations=False,  # the kernels are not on this path
             )
         )
-        await plane.start()
+        loop.run_until_complete(plane.start())
         instrument(True)
-        serve_one(plane, request, WARMUP)
-        operator.call(serve_one, plane, request, calls)
+        loop.run_until_complete(serve(plane, request, WARMUP))
+        operator.call(loop.run_until_complete, serve(plane, request, calls))
         instrument(False)
-        await plane.stop()
+        loop.run_until_complete(plane.stop())
+    loop.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(serve_alone(Path(sys.argv[1]), np.load(sys.argv[2]), int(sys.argv[3])))
+    serve_alone(Path(sys.argv[1]), np.load(sys.argv[2]), int(sys.argv[3]))
