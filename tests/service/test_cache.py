@@ -17,7 +17,7 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import BadInputError
 from service.inference import InferenceRequest, RequestInput, RequestOutput
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, started
 from tests.onnx_models import write_model
 
 pytestmark = pytest.mark.anyio
@@ -31,6 +31,13 @@ def cached_repo(tmp_path: Path, model_repository: Path) -> Path:
     config = root / "digits-mlp" / "config.pbtxt"
     config.write_text(config.read_text() + "response_cache { enable: true }\n")
     return root
+
+
+# digits-mlp alone, loaded explicitly (so that unloading it is the API's), and a cache.
+EXPLICIT = {
+    "response_cache_bytes": 1 << 20, "model_control_mode": "explicit",
+    "load_models": ["digits-mlp"],
+}  # fmt: skip
 
 
 def _request(rows: np.ndarray, outputs: list[str] | None = None) -> InferenceRequest:
@@ -76,12 +83,7 @@ async def test_a_repeated_request_is_answered_from_the_cache(settings_factory, c
 async def test_the_bytes_gauge_reads_what_the_cache_holds(settings_factory, cached_repo) -> None:
     """In one process the gauge is read at scrape time (no lock per miss), and says what the
     cache holds after misses and after a version's entries go."""
-    settings = settings_factory(
-        model_repository=cached_repo, response_cache_bytes=1 << 20,
-        model_control_mode="explicit", load_models=["digits-mlp"],
-    )  # fmt: skip
-    core = DataPlane(settings)
-    await core.start()
+    core = await started(settings_factory, cached_repo, **EXPLICIT)
     try:
         for rows in (DIGITS[:1], DIGITS[1:3]):
             await core.infer("digits-mlp", None, _request(rows))
@@ -107,12 +109,7 @@ async def test_errors_are_not_cached(settings_factory, cached_repo) -> None:
 
 
 async def test_a_retired_version_takes_its_answers_along(settings_factory, cached_repo) -> None:
-    settings = settings_factory(
-        model_repository=cached_repo, response_cache_bytes=1 << 20,
-        model_control_mode="explicit", load_models=["digits-mlp"],
-    )  # fmt: skip
-    core = DataPlane(settings)
-    await core.start()
+    core = await started(settings_factory, cached_repo, **EXPLICIT)
     try:
         await core.infer("digits-mlp", None, _request(DIGITS[:1]))
         assert core.cache is not None and len(core.cache) == 1 and core.cache.used > 0
