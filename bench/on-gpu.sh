@@ -2,17 +2,22 @@
 # On a lent GPU machine, after ../shared/gpu/unpack.sh (../shared/GPU.md): the CUDA tests,
 # bench.gpu's rows, the served path in process on each CUDA mode, and the fast suite, written
 # under $OUT (default ./gpu-run). One prepared call, each step bounded:
-#   bash bench/on-gpu.sh [STEP...]     (tests gpu served suite; default all; model_repository/
+#   bash bench/on-gpu.sh [STEP...]     (tests graphs gpu served suite; default all; model_repository/
 #                                       built here and carried)
 set -uo pipefail
 out=${OUT:-gpu-run}
-steps=${*:-tests gpu served suite}
+steps=${*:-tests graphs gpu served suite}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/device.csv" 2>&1
 python3 -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())" | tee "$out/ort.txt"
 if [[ " $steps " == *" tests "* ]]; then
   timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/service/test_cuda.py \
-      tests/service/test_onnxrt.py tests/service/test_binding.py 2>&1 | tail -30 | tee "$out/cuda-tests.txt"
+      tests/service/test_onnxrt.py tests/service/test_binding.py \
+      tests/service/test_batching_invariance.py 2>&1 | tail -30 | tee "$out/cuda-tests.txt"
+fi
+if [[ " $steps " == *" graphs "* ]]; then  # judged afterwards: python -m bench.cuda_graphs --judge
+  timeout 200 python3 -m bench.cuda_graphs --out "$out/cuda-graphs.npz" 2>&1 | tail -40 \
+      | tee "$out/cuda-graphs.json"
 fi
 if [[ " $steps " == *" gpu "* ]]; then
   timeout 150 python3 -m bench.gpu --seconds 0.2 --out "$out/gpu.json" 2>&1 | tail -5

@@ -98,9 +98,8 @@ class _Loop(Formula[Any]):
             return b.select(b.fcmp_ordered(">", x, k), k, x)
         if op_type == "Relu":  # max(x, 0): x when not below 0 (NaN and -0 included)
             return b.select(self._below(x, 0.0), zero, x)
-        if op_type == "Sign":  # x + 0 for the rest: +0 for either zero, NaN for NaN
-            below = b.select(self._below(x, 0.0), self.const(-1.0), b.fadd(x, zero))
-            return b.select(self._above(x, 0.0), self.const(1.0), below)
+        if op_type == "IsNaN":
+            return b.fcmp_unordered("uno", x, x)
         if op_type == "Greater":
             return b.fcmp_ordered(">", x, *rest)
         if op_type == "Where":

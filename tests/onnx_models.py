@@ -28,6 +28,15 @@ from contract.names import (
     RECONSTRUCTION,
     RECONSTRUCTION_OUTPUT,
 )
+from service.activations import IR_VERSION
+
+
+def _model(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
+    """onnx's default IR is newer than onnxruntime-gpu 1.31 reads (a GPU run, 2026-11-28)."""
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION
+    )
+
 
 FEATURES = 64
 CLASSES = 10
@@ -91,7 +100,7 @@ def write_model(
          for o in outputs],
         initializer=weights,
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = _model(graph, OPSET)
     model.ir_version = 10  # onnxruntime 1.31 reads IR versions up to 13; helper makes 14
     metadata = ModelMetadata(
         name=name,
@@ -154,7 +163,7 @@ def write_scaling(folder: Path, factor: float) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
         initializer=[numpy_helper.from_array(np.array(factor, np.float32), "factor")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = _model(graph, OPSET)
     model.ir_version = 10  # what onnxruntime here reads
     folder.mkdir(parents=True)
     onnx.save(model, str(folder / MODEL_FILENAME))
@@ -173,7 +182,7 @@ def write_foreign(repository: Path, name: str, shape: list, op: str) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
     graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], name, [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model = _model(graph, 20)
     model.ir_version = 10
     (repository / name / "1").mkdir(parents=True)
     onnx.save(model, str(repository / name / "1" / MODEL_FILENAME))
@@ -186,4 +195,4 @@ def adding(weight: onnx.TensorProto) -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
     add = helper.make_node("Add", ["x", weight.name], ["y"])
     graph = helper.make_graph([add], "adding", [x], [y], [weight])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    return _model(graph, 20)
