@@ -12,6 +12,8 @@ from typing import Any
 from bench import instructions
 from bench.results import (
     ASGI_FLOOR,
+    CACHE_HIT,
+    CACHE_MISS,
     ECHO_AS_SERVED,
     FLEET_ALONE,
     FLEET_CROWDED,
@@ -26,6 +28,7 @@ from bench.results import (
     PEER_BENTOML,
     PEER_MLSERVER,
     PEERS,
+    TRACED,
     TWO_WORKERS,
     TWO_WORKERS_OFF,
     Results,
@@ -64,6 +67,16 @@ TARGET_IDLE_CORES = 0.01  # issue 65: an idle server with 21 models loaded, in c
 
 
 TARGET_NEIGHBOURS_RATIO = 0.97  # issue 65: the small model with 20 others loaded against alone
+
+
+# Issue 65's other targets: the small model against the pure ASGI floor at the top concurrency;
+# gRPC against its floor; each tracing sampler against tracing off at every concurrency; the
+# response cache's hits and misses against no cache, at c=1 and the top concurrency.
+TARGET_ASGI_SHARE = 0.5
+TARGET_GRPC_FLOOR_RATIO = 0.95
+TARGET_TRACED = {"0.01": 0.97, "1.0": 0.5}
+TARGET_CACHE_HIT = (1.3, 1.0)  # at c=1, at the top concurrency
+TARGET_CACHE_MISS = 0.95
 
 
 HOST_MATCH = 1.15  # two points whose probe readings (bench.speed) differ by more: not one speed
@@ -154,6 +167,7 @@ def targets(results: Results, large: str) -> list[Target]:
     judge.small_model()
     judge.workers()
     judge.peers_and_grpc()
+    judge.costs()
     judge.large_model(large)
     judge.activations()
     judge.priority()
@@ -247,11 +261,11 @@ class Judge:
                 share=True,
             )
             self.compare(
-                f"{kind} at c={self.top} against the pure ASGI floor (no target: what is left "
-                "above uvicorn's own cost)",
+                f"{kind} at c={self.top} >= {TARGET_ASGI_SHARE:.0%} of the pure ASGI floor (what "
+                "is left above uvicorn's own cost)",
                 row,
                 self.http(ASGI_FLOOR),
-                0.0,
+                TARGET_ASGI_SHARE,
                 share=True,
             )
             self.compare(
@@ -372,10 +386,10 @@ class Judge:
         )
         grpc = self.http("grpc predict, batching on")
         self.compare(
-            f"grpc at c={self.top} against the gRPC floor (no target)",
+            f"grpc at c={self.top} >= {TARGET_GRPC_FLOOR_RATIO:g}x the gRPC floor",
             grpc,
             self.http("grpc floor"),
-            0.0,
+            TARGET_GRPC_FLOOR_RATIO,
         )
         self.compare(
             f"grpc at c={self.top} against v2-binary over HTTP (no target)",
@@ -390,6 +404,32 @@ class Judge:
             grpc,
             0.0,
         )
+
+    def costs(self) -> None:
+        """Tracing and the response cache against the same server without them (issue 65)."""
+        plain = "v1 predict, batching on"
+        for ratio, scenario in TRACED.items():
+            goal = TARGET_TRACED[ratio]
+            for c in self.concurrencies:
+                self.compare(
+                    f"{scenario} at c={c} >= {goal:g}x tracing off",
+                    self.http(scenario, c),
+                    self.http(plain, c),
+                    goal,
+                )
+        for c, goal in sorted(dict(zip((1, self.top), TARGET_CACHE_HIT, strict=True)).items()):
+            self.compare(
+                f"{CACHE_HIT} at c={c} >= {goal:g}x no cache",
+                self.http(CACHE_HIT, c),
+                self.http(plain, c),
+                goal,
+            )
+            self.compare(
+                f"{CACHE_MISS} at c={c} >= {TARGET_CACHE_MISS:g}x no cache",
+                self.http(CACHE_MISS, c),
+                self.http(plain, c),
+                TARGET_CACHE_MISS,
+            )
 
     def large_model(self, large: str) -> None:
         """The larger model: batching on against off."""

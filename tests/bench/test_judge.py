@@ -8,10 +8,13 @@ import math
 from bench import compare
 from bench.judge import beside, by_round, targets
 from bench.results import (
+    CACHE_HIT,
+    CACHE_MISS,
     FLOOR_AS_SERVED_ONE,
     FLOOR_AS_SERVED_TWO,
     ONE_WORKER,
     ONE_WORKER_OFF,
+    TRACED,
     TWO_WORKERS,
     TWO_WORKERS_OFF,
     Results,
@@ -230,3 +233,29 @@ def test_a_round_whose_base_answered_nothing_has_no_ratio(tmp_path) -> None:
                         {**off, "scenario": "v1 predict, batching off"}]}  # fmt: skip
         (tmp_path / f"{tree}-1.json").write_text(json.dumps(run))
     assert compare.table(tmp_path).count("\n") == 1  # the header alone
+
+
+def test_tracing_and_the_cache_are_judged_against_the_same_server_without_them() -> None:
+    """Issue 65's targets: each sampler against tracing off at every concurrency, the cache's
+    hit and miss at c=1 and the top concurrency, each in its own pass's ratio."""
+
+    def point(scenario: str, c: int, rounds: list[float]) -> dict:
+        return {"scenario": scenario, "concurrency": c, "rps": sorted(rounds)[1],
+                "rounds_rps": rounds, "errors": 0}  # fmt: skip
+
+    http = []
+    for c in (1, 64):
+        http += [
+            point("v1 predict, batching on", c, [100, 100, 100]),
+            point(TRACED["0.01"], c, [98, 99, 97.5]),  # every pass at 0.97x or above: met
+            point(TRACED["1.0"], c, [60, 40, 55]),  # one pass below 0.5x: the interval straddles
+            point(CACHE_HIT, c, [131, 140, 135] if c == 1 else [95, 120, 130]),
+            point(CACHE_MISS, c, [96, 95, 99]),
+        ]
+    rows = {t: met for t, _, met in targets(Results(environment={}, http=http), "large")}
+    for c in (1, 64):
+        assert rows[f"{TRACED['0.01']} at c={c} >= 0.97x tracing off"]
+        assert not rows[f"{TRACED['1.0']} at c={c} >= 0.5x tracing off"]
+        assert rows[f"{CACHE_MISS} at c={c} >= 0.95x no cache"]
+    assert rows[f"{CACHE_HIT} at c=1 >= 1.3x no cache"]
+    assert not rows[f"{CACHE_HIT} at c=64 >= 1x no cache"]
