@@ -16,7 +16,7 @@ if [[ " $steps " == *" tests "* ]]; then
       tests/service/test_batching_invariance.py 2>&1 | tail -30 | tee "$out/cuda-tests.txt"
 fi
 if [[ " $steps " == *" graphs "* ]]; then  # judged afterwards: python -m bench.cuda_graphs --judge
-  timeout 200 python3 -m bench.cuda_graphs --out "$out/cuda-graphs.npz" 2>&1 | tail -40 \
+  timeout 200 python3 -m bench.cuda_graphs --out "$out/cuda-graphs.npz" 2>&1 \
       | tee "$out/cuda-graphs.json"
 fi
 if [[ " $steps " == *" gpu "* ]]; then

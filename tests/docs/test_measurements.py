@@ -3,10 +3,11 @@ of the raw runs in runs/."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from bench import compare, gpu_summary, pairs
+from bench import compare, cuda_graphs, gpu_summary, pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,3 +106,19 @@ def test_the_invariance_figures_quoted_are_the_runs() -> None:
         if size != "8":
             shown = f"{float(pad):.1f}" if size == "1" else pad
             assert f"{float(off):,.1f} | {rows} {TIMES} | {shown} {TIMES}" in serving, size
+
+
+def test_the_second_gpu_lease_quotes_its_judgement() -> None:
+    """docs/measurements/gpu-2026-11-28.md's table of the accurate graphs on CUDA is what
+    ``bench.cuda_graphs --judge`` made of each run's differences."""
+    folder = ROOT / "runs/gpu-2026-11-28-b"
+    page = " ".join((ROOT / "docs/measurements/gpu-2026-11-28.md").read_text().split())
+    before = json.loads((folder / "cuda-graphs-judged.json").read_text())
+    after = cuda_graphs.judge(folder / "after/cuda-graphs.npz")
+    assert {k for k, v in before.items() if v["differ"]} == {"relu'", "elu'"}
+    assert not any(v["differ"] for v in after.values()) and len(after) == 14
+    elu = before["elu'"]
+    assert f"| elu' | {elu['differ']:,} ({elu['cuda_above_one']:,} above 1 ULP) |" in page
+    assert f"{elu['cuda_worst_ulp']:.3f} ULP at {elu['cuda_worst_x']:.2f}" in page
+    relu = before["relu'"]
+    assert f"| relu' | {relu['differ']:,} " in page
