@@ -4,6 +4,7 @@ differed (the CUDA side runs where a GPU is, bench/on-gpu.sh)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,20 +26,18 @@ def test_the_judge_measures_both_sides_against_the_reference(tmp_path: Path) -> 
     rounded = np.exp(x.astype(np.float64)).astype(np.float32)
     off = np.nextafter(np.nextafter(rounded, np.float32(1)), np.float32(1))
     path = tmp_path / "found.npz"
-    np.savez(
-        path,
-        **{
-            "relu'/x": np.array([np.nan], np.float32),
-            "relu'/cuda": np.zeros(1, np.float32),
-            "relu'/cpu": np.array([np.nan], np.float32),
-            "elu'/x": x,
-            "elu'/cuda": off,
-            "elu'/cpu": rounded,
-            "gelu/x": np.zeros(0, np.float32),
-            "gelu/cuda": np.zeros(0, np.float32),
-            "gelu/cpu": np.zeros(0, np.float32),
-        },
-    )
+    arrays: dict[str, Any] = {
+        "relu'/x": np.array([np.nan], np.float32),
+        "relu'/cuda": np.zeros(1, np.float32),
+        "relu'/cpu": np.array([np.nan], np.float32),
+        "elu'/x": x,
+        "elu'/cuda": off,
+        "elu'/cpu": rounded,
+        "gelu/x": np.zeros(0, np.float32),
+        "gelu/cuda": np.zeros(0, np.float32),
+        "gelu/cpu": np.zeros(0, np.float32),
+    }
+    np.savez(path, **arrays)
     report = cuda_graphs.judge(path)
     assert report["gelu"] == {"differ": 0}
     assert report["relu'"]["cuda_above_one"] == 1 and report["relu'"]["cpu_above_one"] == 0
