@@ -838,8 +838,15 @@ _serve_every_method()
 async def _abort(
     context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
 ) -> NoReturn:
-    """End the call with ``code`` (grpcio's ``abort`` raises)."""
-    await context.abort(code, fit_details(message))
+    """End the call with ``code`` (grpcio's ``abort`` raises); a call that grpcio's core has
+    ended already is cancelled instead."""
+    try:
+        await context.abort(code, fit_details(message))
+    except grpc.aio.InternalError:
+        # The core answered first (a message it could not decompress, a client gone) and
+        # grpcio saw it too late: it logged an ERROR traceback per such call, a client's
+        # way to flood the log. Cancelled is what grpcio says of an ended call.
+        raise asyncio.CancelledError from None
     raise AssertionError("unreachable: abort raises")
 
 
@@ -976,11 +983,16 @@ class GrpcServer:
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
             ("grpc.server_handshake_timeout_ms", round(limits.header_timeout_seconds * 1000)),
             ("grpc.max_connection_idle_ms", round(limits.keep_alive_seconds * 1000)),
-            # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (grpc.max_concurrent_streams) stays
-            # grpcio's, unbounded: it counts unary calls and streams alike, and a client that
-            # opens more before it has read the server's SETTINGS has the rest reset
-            # (REFUSED_STREAM: UNAVAILABLE to it; at 100, 620 of 1,024 streams opened at once).
-            # Streams are held per connection by the envelope instead (``Streams``).
+            # HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: one more call on a connection than the
+            # server admits in all (``maximum_concurrent_rpcs``), so that the call past that
+            # is refused by the server (RESOURCE_EXHAUSTED), not held by the client. No fewer:
+            # it counts unary calls and streams alike, and a client that opens more before it
+            # has read the server's SETTINGS has the rest reset (REFUSED_STREAM: UNAVAILABLE;
+            # at 100, 620 of 1,024 streams opened at once). Streams are held per connection by
+            # the envelope (``Streams``). Unbounded, it left grpcio's rapid-reset defence off
+            # (CVE-2023-44487: a reset stream counts until the server has handled it): 20,000
+            # streams opened and reset on one connection had other clients' calls CANCELLED.
+            ("grpc.max_concurrent_streams", 2 * limits.max_connections + 1),
             # Each worker of `serve --workers N` binds the same port; a lone process must not
             # share its port with another server by accident.
             ("grpc.so_reuseport", 1 if share_port else 0),

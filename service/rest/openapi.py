@@ -20,6 +20,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Message, Receive, Scope, Send
 
 ASSETS_URL = "/docs-assets"
 ASSETS = files("fastapi_offline") / "static"
@@ -46,7 +47,7 @@ def add_openapi(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = document  # type: ignore[method-assign]
-    app.mount(ASSETS_URL, StaticFiles(directory=str(ASSETS)), name="docs-assets")
+    app.mount(ASSETS_URL, WholeFiles(StaticFiles(directory=str(ASSETS))), name="docs-assets")
     openapi_url = app.openapi_url or "/openapi.json"
 
     @app.get("/docs", include_in_schema=False)
@@ -72,3 +73,30 @@ def add_openapi(app: FastAPI) -> None:
             redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             with_google_fonts=False,
         )
+
+
+RANGE_HEADERS = (b"range", b"if-range")
+
+
+class WholeFiles:
+    """Static files answered whole: a request's ``Range`` is not read (RFC 9110 lets a server
+    ignore it) and no ``Accept-Ranges`` is offered. The assets are a few MiB; parsing a client's
+    ranges is what Starlette CVE-2025-62727 made cost quadratic time, and its 400 and 416
+    answers are plain text or empty, outside the one error shape."""
+
+    def __init__(self, app: StaticFiles) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in RANGE_HEADERS]
+
+        async def whole(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message["headers"] if k.lower() != b"accept-ranges"]
+                message = {**message, "headers": kept}
+            await send(message)
+
+        await self.app({**scope, "headers": headers}, receive, whole)

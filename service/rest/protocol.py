@@ -38,6 +38,7 @@ that the header and body timeouts and header limits are off.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import httptools
@@ -96,6 +97,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unparsed_bytes = 0  # received while the headers are incomplete
         self._chunk_bytes = 0  # in the data being parsed
         self._task: asyncio.Task[None] | None = None  # the current request's
+        # The request being answered: ``cycle`` is the last one parsed, which differs from it
+        # while requests are pipelined behind it.
+        self._answering: Any = None
+        # A refusal of a pipelined request, held until the requests before it are answered.
+        self._held: tuple[int, str] | None = None
         # Whether _read_rest_of_body is still to decide, once per request, who reads the rest
         # of its body: set by the request's headers, cleared by the decision (at the route's
         # first read, ``ReadWhenAsked``) or the request's end.
@@ -132,15 +138,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline = None
-        cycle, task = self.cycle, self._task
+        cycle, task = self._answering, self._task
         gone = cycle is not None and not cycle.response_complete
         super().connection_lost(exc)
         if gone and task is not None and not task.done():
-            assert cycle is not None
-            cycle.scope[CLIENT_GONE] = True  # type: ignore[literal-required]
+            cycle.disconnected = True  # uvicorn marks only the last request parsed
+            cycle.scope[CLIENT_GONE] = True
             task.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._held is not None:
+            return  # the parser failed: nothing after the refused request is read
         self._unset_keepalive_if_required()
         self._chunk_bytes = len(data)
         try:
@@ -214,11 +222,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
         self._task = task
+        self._answering = cycle
 
     def on_response_complete(self) -> None:
         if self._writer is not None:
             self._writer.flush()  # a response without a body write (HEAD) has its head held
         super().on_response_complete()
+        held = self._held
+        if held is not None and not self.pipeline and self._answering.response_complete:
+            self._held = None
+            self._refuse(*held)
 
     # ---- parser callbacks ----------------------------------------------------------------------
 
@@ -241,6 +254,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in headers)
             if size > limits.max_header_bytes:
                 raise _Refusal(431, self._header_limit_message())
+        # uvicorn parses the target only now, and a target it cannot parse (CONNECT's
+        # authority-form, an absolute URL with a bad host) or one naming no path ("http://a")
+        # raised from this callback: no answer and an ERROR traceback per request.
+        url = self.url
+        if url[:1] != b"/":  # not origin-form: rare, so the usual request pays one compare
+            try:
+                path = httptools.parse_url(url).path
+            except httptools.HttpParserInvalidURLError:
+                path = None
+            if path is None:
+                raise _Refusal(400, "invalid HTTP request: the request target names no path")
         self._reading_headers = False
         self._body_undecided = True
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
@@ -284,7 +308,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self.cycle is None or not self.cycle.response_started:
+        cycle, answering = self.cycle, self._answering
+        if (
+            answering is not None
+            and not answering.response_complete
+            and (self._reading_headers or answering is not cycle)
+        ):
+            # Requests pipelined before this one are still being answered: writing now would
+            # answer the first of them with this refusal (and cancel it). They are answered
+            # first, then this one (RFC 9112 9.3.2); it and nothing after it is run.
+            self._held = (status, message)
+            if not self._reading_headers:
+                self.pipeline = deque(p for p in self.pipeline if p[0] is not cycle)
+            return
+        # ``cycle`` is the last request's until a new one's headers are whole: a request
+        # refused before then (on a kept-alive connection) is answered once that one's is.
+        if (
+            cycle is None
+            or not cycle.response_started
+            or (self._reading_headers and cycle.response_complete)
+        ):
             body = codecs.dumps({"error": message})
             lines = [
                 b"HTTP/1.1 %d %s" % (status, REASONS[status]),
