@@ -562,4 +562,6 @@ def encode_activation_binary(y: np.ndarray, kernel: str) -> tuple[memoryview, He
         (KERNEL_HEADER_KEY, kernel.encode()),
         *BINARY_HEADERS,
     ]
-    return np.ascontiguousarray(y, "<f4").data.cast("B"), headers
+    # Flat first: a memoryview of an array with a 0 in its shape cannot be cast (a 500 for
+    # ``?shape=0,4``); reshaping a contiguous array is a view, not a copy.
+    return np.ascontiguousarray(y, "<f4").reshape(-1).data.cast("B"), headers
