@@ -203,6 +203,15 @@ UNSUPPORTED_PARAMETERS = {
     "sequence_start": "stateful sequences",
     "sequence_end": "stateful sequences",
 }
+# Tensor parameters of Triton's shared-memory extension (an input read from, an output written
+# to, a region the client registered): this server has no shared memory, so a tensor naming a
+# region is refused, not read from the body or answered in it (the extension's offsets and
+# sizes are where Triton's CVE-2024-0088 and CVE-2025-23319/23320/23334 lay).
+SHARED_MEMORY_PARAMETERS = (
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+)
 # The most dimensions, and the largest dimension, a request's tensor may declare; and the most
 # elements its dimensions may multiply to, a 0 counted as 1 (``check_shape``).
 MAX_DIMS = 32
@@ -216,6 +225,18 @@ def _parameters(entry: dict[str, Any], what: str) -> dict[str, Any]:
         return {}
     if not isinstance(parameters, dict):
         raise BadInputError(f"{what}: 'parameters' must be an object")
+    return parameters
+
+
+def check_tensor_parameters(parameters: dict[str, Any], what: str) -> dict[str, Any]:
+    """An input's or output's ``parameters``, refusing the shared-memory extension's."""
+    if parameters:
+        for key in SHARED_MEMORY_PARAMETERS:
+            if key in parameters:
+                raise BadInputError(
+                    f"{what}: parameter {key!r} is not supported: this server has no shared "
+                    "memory; send the tensor's data in the request"
+                )
     return parameters
 
 
@@ -284,7 +305,8 @@ def _v2_input(
     shape = check_shape(entry.get("shape"), what)
     count = math.prod(shape)
     dtype = V2_TO_NUMPY[datatype]
-    size = _int_parameter(_parameters(entry, what), "binary_data_size", what, 0)
+    parameters = check_tensor_parameters(_parameters(entry, what), what)
+    size = _int_parameter(parameters, "binary_data_size", what, 0)
     if size is not None:
         if size != count * dtype.itemsize:
             raise BadInputError(
@@ -363,6 +385,7 @@ def request_options(parameters: dict[str, Any]) -> RequestOptions:
 def requested_output(name: str, parameters: dict[str, Any]) -> RequestOutput:
     """One requested output and its parameters: binary_data, classification (Triton's)."""
     what = f"output {name!r}"
+    check_tensor_parameters(parameters, what)
     classes = _int_parameter(parameters, "classification", what, 1) or 0
     return RequestOutput(name, _bool_parameter(parameters, "binary_data", what), classes)
 
@@ -539,4 +562,6 @@ def encode_activation_binary(y: np.ndarray, kernel: str) -> tuple[memoryview, He
         (KERNEL_HEADER_KEY, kernel.encode()),
         *BINARY_HEADERS,
     ]
-    return np.ascontiguousarray(y, "<f4").data.cast("B"), headers
+    # Flat first: a memoryview of an array with a 0 in its shape cannot be cast (a 500 for
+    # ``?shape=0,4``); reshaping a contiguous array is a view, not a copy.
+    return np.ascontiguousarray(y, "<f4").reshape(-1).data.cast("B"), headers

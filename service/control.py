@@ -57,10 +57,12 @@ class ModelControl:
         holds it; in on_demand mode within the budget, unloading the least recently used.
         ``parameters`` names the load request's parameters: Triton's overrides, ``config`` and
         ``file:<path>``, are refused rather than ignored (a client sending them expects the
-        model they describe); any other is ignored."""
+        model they describe), in any case or padding (``FILE:``, `` config``: what a client or
+        proxy may make of them); any other is ignored."""
         self._check_control()
         for key in parameters:
-            if key == "config" or key.startswith("file:"):
+            named = key.strip().lower()
+            if named == "config" or named.startswith("file:"):
                 raise BadInputError(
                     f"load parameter {key!r} is not supported: a model loads from its directory "
                     "in the model repository (config.pbtxt and the version directories); change "

@@ -70,3 +70,16 @@ def test_e2e_waits_for_the_hosts_own_shutdown_line() -> None:
     from service.host import STOPPED
 
     assert f'grep -q "{STOPPED}"' in (ROOT / "docker" / "e2e.sh").read_text()
+
+
+def test_compose_publishes_on_loopback_unless_told() -> None:
+    """TorchServe CVE-2024-35199 (its gRPC ports open on every interface by default; fixed by
+    binding container ports to localhost): the image listens on 0.0.0.0 inside its network,
+    so compose's defaults publish HTTP and gRPC on 127.0.0.1 alone, every service."""
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = [p for s in compose["services"].values() for p in s.get("ports", [])]
+    assert published
+    for port in published:
+        default = port.split(":-", 1)[1].split("}", 1)[0] if ":-" in port else port
+        assert default.startswith("127.0.0.1:"), port

@@ -69,6 +69,7 @@ def _input(tensor: Any, raw: bytes | None) -> RequestInput:
     what = f"input {tensor.name!r}"
     datatype = codecs.check_datatype(tensor.datatype, what)
     shape = codecs.check_shape(list(tensor.shape), what)
+    codecs.check_tensor_parameters(parameter_values(tensor.parameters), what)
     if raw is not None:
         if tensor.HasField("contents"):  # two sets of values: which one was meant?
             raise BadInputError(f"{what}: contents must be empty when raw_input_contents is used")

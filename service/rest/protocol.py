@@ -10,7 +10,10 @@ from a ``GELU_*`` setting (``ConnectionLimits``):
 - an idle connection, new or between requests, closed after ``keep_alive_seconds``;
 - a request's headers complete within ``header_timeout_seconds`` of its first byte, its body
   within ``body_timeout_seconds`` of its headers (else 408 and closed);
-- at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431).
+- at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431);
+- a chunked body's framing (size lines, chunk extensions, trailer fields) at most
+  ``FRAMING_PER_CHUNK`` bytes per chunk beyond ``max_header_bytes`` (431); its trailer fields
+  are dropped, never added to the request's headers.
 
 It also settles what a lost connection means for its request. A client that half-closes
 (sends its whole request, then shuts its write side) still gets its answer. A connection that is
@@ -63,6 +66,13 @@ from service.rest.middleware import CLIENT_GONE
 # The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
 # tested against (pyproject.toml pins it; tests/service/rest/test_protocol.py checks both).
 TESTED_UVICORN = "0.54.0"
+# The framing a chunked body's chunk may take: a 16-digit size line, its CRLFs, a short
+# extension. Beyond it, extensions and trailer fields are bytes the parser reads (and httptools
+# buffers, for a trailer field) that no body limit counts.
+FRAMING_PER_CHUNK = 64
+# Where a request's trailer fields go once its headers are whole: nowhere (one for every
+# connection, as it holds nothing).
+DROPPED: deque[tuple[bytes, bytes]] = deque(maxlen=0)
 
 
 def supported() -> bool:
@@ -107,6 +117,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # first read, ``ReadWhenAsked``) or the request's end.
         self._body_undecided = False
         self._body_bytes = 0  # of the current request's body, parsed so far
+        self._in_body = False  # from the end of the headers to the end of the message
+        self._body_phase_bytes = 0  # received in the reads after the one ending the headers
+        self._chunks = 0  # chunk headers parsed in the current request's body
         self._writer: HeadWithBody | None = None  # what the current request's answer goes to
 
     # ---- connection ----------------------------------------------------------------------------
@@ -170,6 +183,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._unparsed_bytes += len(data)
             if self._unparsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, self._header_limit_message())
+        elif self._in_body:  # what is not body is framing: bounded by the chunks it frames
+            self._body_phase_bytes += len(data)
+            framing = self._body_phase_bytes - self._body_bytes
+            if framing > self.limits.max_header_bytes + FRAMING_PER_CHUNK * self._chunks:
+                self._refuse(
+                    431,
+                    "chunked framing (chunk extensions, trailer fields) above "
+                    f"{self.limits.max_header_bytes} bytes beyond {FRAMING_PER_CHUNK} per chunk "
+                    "(GELU_MAX_HEADER_BYTES)",
+                )
 
     def _read_rest_of_body(self) -> None:
         """Have the rest of a large body framed by Content-Length read into the ``bytes`` the
@@ -177,12 +200,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         app then gets the body in one message. A smaller, chunked or over-limit body stays
         with the parser (an over-limit one was refused by the app, by its Content-Length)."""
         length = None
-        for name, value in self.headers:
+        cycle: Any = self.cycle
+        for name, value in cycle.scope["headers"]:
             if name == b"content-length":
                 length = int(value)  # digits: the parser has checked them
             elif name == b"transfer-encoding":
                 return
-        cycle: Any = self.cycle
         if length is None or length > self.limits.max_body_bytes or cycle.response_complete:
             return
         rest = length - self._body_bytes
@@ -267,8 +290,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 raise _Refusal(400, "invalid HTTP request: the request target names no path")
         self._reading_headers = False
         self._body_undecided = True
+        # The read that ended the headers is not counted: where in it they ended is unknown
+        # (it may hold an earlier pipelined request's body too), and it is one read at most.
+        self._in_body, self._body_phase_bytes, self._chunks = True, -self._chunk_bytes, 0
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
         super().on_headers_complete()
+        # uvicorn appends every field the parser reports to the list the scope holds as the
+        # request's headers: trailer fields would grow it past the checks above and reach the
+        # app as headers after its credentials were decided. They go nowhere (RFC 9110 lets a
+        # recipient drop them); what they cost in bytes is bounded in data_received.
+        self.headers = DROPPED  # type: ignore[assignment]
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
 
     def on_body(self, body: bytes) -> None:
         cycle: Any = self.cycle
@@ -280,6 +314,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._deadline = None
         self._body_undecided = False
+        self._in_body = False
         super().on_message_complete()
 
     # ---- refusals ------------------------------------------------------------------------------

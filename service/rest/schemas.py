@@ -142,7 +142,9 @@ class RequestInput(BaseModel):
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = Field(
-        None, description="binary_data_size: bytes of this tensor after the JSON header"
+        None,
+        description="binary_data_size: bytes of this tensor after the JSON header; "
+        "shared_memory_* are refused (400): no shared memory",
     )
     data: NestedNumbers | None = Field(None, description="flat or nested, row-major")
 
@@ -153,7 +155,7 @@ class RequestOutput(BaseModel):
         None,
         description="binary_data: true to receive this output as raw bytes; classification: "
         "N for the top N classes as BYTES 'score:index:label' (Triton's classification "
-        "extension)",
+        "extension); shared_memory_* are refused (400): no shared memory",
     )
 
 

@@ -3,6 +3,7 @@ chunked framing, compression. One real server for the module; memory asserted by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -154,10 +155,11 @@ def test_promised_bodies_without_credentials_cost_nothing(server: tuple[int, int
 def test_chunk_headers_promising_huge_chunks_cost_nothing(server: tuple[int, int]) -> None:
     """Triton CVE-2025-23310/23311 (chunked bodies): chunk-size lines promising 64 MiB each,
     on 16 connections, hold no memory for the promise; one above 2**64 is a 400; a size line
-    padded to 64 KiB with zeros costs no more than its bytes."""
+    padded to 8 KiB with zeros costs no more than its bytes (past GELU_MAX_HEADER_BYTES, 431:
+    ``test_chunk_extensions_and_trailer_fields_are_bounded``)."""
     framing = "Transfer-Encoding: chunked"
     promised = head(ACTIVATION, binary(**{"x-api-key": KEY}), framing) + b"%x\r\n" % PROMISED
-    padded = head(ACTIVATION, binary(**{"x-api-key": KEY}), framing) + b"0" * 65536 + b"4\r\n"
+    padded = head(ACTIVATION, binary(**{"x-api-key": KEY}), framing) + b"0" * 8192 + b"4\r\n"
     growth, answers = promise(server, [promised] * (CONNECTIONS - 1) + [padded])
     assert growth < GROWTH, f"RSS grew by {growth / MIB:.0f} MiB"
     assert answers == [b""] * CONNECTIONS, answers  # waiting for the chunks
@@ -232,6 +234,67 @@ def test_a_never_ending_chunked_body_is_cut_at_its_limit(server: tuple[int, int]
     assert answer and answer[0].startswith(b"HTTP/1.1 413 "), answer
     assert "GELU_MAX_JSON_BYTES" in json.loads(answer[0].partition(b"\r\n\r\n")[2])["error"]
     assert growth < GROWTH, f"RSS grew by {growth / MIB:.0f} MiB"
+    still_serves(port)
+
+
+# What a chunked body may send that is not body, each sent for as long as the server reads it:
+# trailer fields, one trailer field without end, one chunk extension without end.
+FRAMING_FLOODS = {
+    "trailer-fields": (b"2\r\n{}\r\n0\r\n", b"X-Trailer: y\r\n" * 4096),
+    "one-trailer-field": (b"2\r\n{}\r\n0\r\nX-Trailer: ", b"a" * 65536),
+    "chunk-extension": (b"2;ext=", b"e" * 65536),
+}
+
+
+@pytest.mark.parametrize("flood", FRAMING_FLOODS, ids=list(FRAMING_FLOODS))
+def test_chunk_extensions_and_trailer_fields_are_bounded(
+    server: tuple[int, int], flood: str
+) -> None:
+    """Triton CVE-2025-23310/23311's class (what chunked framing costs) and Node.js
+    CVE-2024-22019 (chunk extensions read without end): 16 MiB of trailer fields grew the
+    server by 336 MiB (uvicorn kept each field), a trailer field or an extension that never
+    ends was read until the body timeout. Now what is not body is held to
+    GELU_MAX_HEADER_BYTES beyond 64 bytes a chunk: 431, and the server's memory stays put."""
+    port, pid = server
+    start, filler = FRAMING_FLOODS[flood]
+    request = head(INFER, {"Content-Type": "application/json", "x-api-key": KEY},
+                   "Transfer-Encoding: chunked")  # fmt: skip
+    answer: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(request + start)
+        reader = threading.Thread(target=lambda: answer.append(read_answer(sock)))
+        reader.start()
+
+        def flood_it() -> None:
+            with contextlib.suppress(OSError):  # closed by the server: the point
+                for _ in range(16 * MIB // len(filler)):
+                    sock.sendall(filler)
+
+        growth = most_growth(pid, flood_it, seconds=0.5)
+        reader.join(timeout=20)
+    assert answer and answer[0].startswith(b"HTTP/1.1 431 "), answer
+    assert "GELU_MAX_HEADER_BYTES" in json.loads(answer[0].partition(b"\r\n\r\n")[2])["error"]
+    assert growth < 8 * MIB, f"RSS grew by {growth / MIB:.1f} MiB"
+    still_serves(port)
+
+
+def test_trailer_fields_are_not_headers(server: tuple[int, int]) -> None:
+    """Request smuggling by trailer: uvicorn added a chunked body's trailer fields to the
+    request's headers, which the route read with the body, after its checks. A trailer
+    ``Inference-Header-Content-Length`` made a JSON route decode the body as binary (200), and a
+    trailer ``X-Request-ID`` became the request's id. Both are ignored now."""
+    port, _ = server
+    tensor = {"name": "input", "shape": [1, 64], "datatype": "FP32",
+              "parameters": {"binary_data_size": 256}}  # fmt: skip
+    header = json.dumps({"inputs": [tensor]}).encode()
+    body = header + bytes(256)
+    request = head(INFER, binary(**{"x-api-key": KEY}), "Transfer-Encoding: chunked")
+    trailers = b"Inference-Header-Content-Length: %d\r\nX-Request-ID: forged\r\n" % len(header)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request + b"%x\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, trailers))
+        answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b"malformed JSON" in answer and b"forged" not in answer, answer[:300]
     still_serves(port)
 
 

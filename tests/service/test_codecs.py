@@ -10,6 +10,8 @@ import pytest
 
 from service import codecs
 from service.errors import BadInputError
+from service.grpc import codec as grpc_codec
+from service.grpc import inference_pb2 as pb
 from service.inference import InferenceResult, ModelInfo, TensorInfo
 from tests.helpers import DIGITS, assert_error, binary_request
 
@@ -233,3 +235,42 @@ def test_non_finite_binary_input(client) -> None:
     x[0, 3] = np.nan
     content, headers = binary_request(x)
     assert_error(client.post(V2, content=content, headers=headers), 400, "NaN or infinity")
+
+
+# Triton's shared-memory extension names a region per input or output (CVE-2024-0088 and
+# CVE-2025-23319/23320/23334 lay in its offsets and sizes): this server has none.
+SHARED_MEMORY = [
+    {"shared_memory_region": "r", "shared_memory_byte_size": 256},
+    {"shared_memory_region": "triton_python_backend_shm_region_1"},
+    {"shared_memory_offset": 2**63, "shared_memory_byte_size": 2**64},
+]
+
+
+@pytest.mark.parametrize("parameters", SHARED_MEMORY)
+def test_a_shared_memory_tensor_is_refused_by_every_codec(parameters: dict) -> None:
+    """Ignored, an input naming a region with data in the body ran on that data, and an
+    output asked for in a region was answered in the body: both are a 400 now, in V2 JSON,
+    V2 binary and gRPC."""
+    data = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [0.0, 1.0]}
+    for payload in (
+        {"inputs": [{**data, "parameters": parameters}]},
+        {"inputs": [data], "outputs": [{"name": "y", "parameters": parameters}]},
+    ):
+        with pytest.raises(BadInputError, match="has no shared memory"):
+            codecs.decode_v2(json.dumps(payload).encode(), None)
+    header = json.dumps({"inputs": [{**data, "parameters": {**parameters, "binary_data_size": 8}}]})
+    with pytest.raises(BadInputError, match="has no shared memory"):
+        codecs.decode_v2(header.encode() + bytes(8), str(len(header)))
+    for where in ("input", "output"):
+        request = pb.ModelInferRequest(model_name="m", raw_input_contents=[bytes(8)])
+        tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+        if where == "output":
+            tensor = request.outputs.add(name="y")
+        for key, value in parameters.items():
+            if isinstance(value, str):
+                tensor.parameters[key].string_param = value
+            else:
+                tensor.parameters[key].uint64_param = min(value, 2**64 - 1)
+        with pytest.raises(BadInputError, match="has no shared memory"):
+            grpc_codec.decode_infer(request)
+    assert codecs.decode_v2(json.dumps({"inputs": [data]}).encode(), None).inputs  # without

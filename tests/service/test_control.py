@@ -61,3 +61,26 @@ async def test_explicit_mode_loads_and_unloads(settings_factory, repo: Path) -> 
             await control.load("digits-autoencoder")
     finally:
         await core.stop()
+
+
+# Triton's load overrides (CVE-2023-31036: a ``file:`` override with ``..`` wrote outside the
+# repository), and spellings a client or a proxy may make of them.
+OVERRIDES = ["config", "file:1/model.onnx", "file:../../../tmp/x", "file:", "FILE:1/model.onnx",
+             "Config", " config", "file:\x00", "File:1/model.onnx"]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", OVERRIDES)
+async def test_a_load_override_in_any_spelling_is_refused(
+    settings_factory, repo: Path, key: str
+) -> None:
+    core = await started(settings_factory, repo, model_control_mode="explicit", load_models=[])
+    control = ModelControl.over(core)
+    try:
+        with pytest.raises(BadInputError, match="is not supported") as refused:
+            await control.load("digits-mlp", [key])
+        assert refused.value.status_code == 400
+        assert core.model_names() == []  # nothing loaded on a refused request
+        await control.load("digits-mlp", ["unrelated"])  # another parameter: ignored
+        assert core.model_names() == ["digits-mlp"]
+    finally:
+        await core.stop()

@@ -90,3 +90,16 @@ def test_bad_binary_bodies(client, content, headers, status, needle) -> None:
     if "X-Shape" in headers:
         query = f"/v1/activations/gelu?shape={headers.pop('X-Shape')}"
         assert_error(client.post(query, content=content, headers=headers), status, needle)
+
+
+@pytest.mark.parametrize("shape", ["0,4", "4,0", "0,0,3", "0", "2,0,2"])
+def test_an_empty_array_of_any_shape_is_answered_in_kind(client, shape: str) -> None:
+    """Triton CVE-2025-23321's class (a crash from an invalid request): an empty body shaped
+    ``0,4`` was a 500 and a traceback per request (numpy's memoryview of a zero-sized 2-D
+    array cannot be cast to bytes). Every empty shape is answered with its shape and no data,
+    on each kernel and the derivative."""
+    headers = {"Content-Type": "application/octet-stream", "X-Shape": shape}
+    for query in ("", "?kernel=native", "?derivative=true"):
+        response = client.post(f"/v1/activations/gelu{query}", content=b"", headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Shape"] == shape and response.content == b""

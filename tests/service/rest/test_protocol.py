@@ -290,6 +290,101 @@ def test_a_pipelined_body_waits_for_its_own_route() -> None:
     asyncio.run(main())
 
 
+CHUNKED = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX-Request-ID: sent\r\n\r\n"
+
+
+def test_trailer_fields_never_become_the_requests_headers() -> None:
+    """uvicorn appended a chunked body's trailer fields to the list the scope holds as the
+    request's headers: a trailer ``Inference-Header-Content-Length``, ``Content-Encoding`` or
+    ``X-Request-ID`` reached the app, after the checks made on the headers, as a header it
+    read with the body. Now they are dropped: the app sees the headers that came before the
+    body, whatever trailers follow it."""
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        seen.append(list(scope["headers"]))
+        await answer(send, 204)
+
+    async def main() -> None:
+        protocol, transport = connected(app, ServerState())
+        trailers = b"X-Request-ID: forged\r\nContent-Encoding: gzip\r\nX-Late: 1\r\n\r\n"
+        protocol.data_received(CHUNKED + b"2\r\n{}\r\n0\r\n")
+        protocol.data_received(trailers)
+        protocol.data_received(CHUNKED + b"0\r\n" + trailers)  # all in one read too
+        await settle()
+        expected = [(b"transfer-encoding", b"chunked"), (b"x-request-id", b"sent")]
+        assert seen == [expected, expected]
+        assert transport.written.count(b"HTTP/1.1 204 ") == 2
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"2\r\n{}\r\n0\r\n" + b"X-T: y\r\n" * 4000,  # trailer fields without end
+        b"2\r\n{}\r\n0\r\nX-T: " + b"a" * 32000,  # one trailer field, never ended
+        b"2;" + b"e" * 32000,  # one chunk extension, never ended
+        (b"1;" + b"e" * 500 + b"\r\n \r\n") * 100,  # each chunk beyond its share
+    ],
+    ids=["trailer-fields", "one-trailer-field", "chunk-extension", "extensions-per-chunk"],
+)
+def test_chunked_framing_beyond_its_chunks_share_is_431(framing: bytes) -> None:
+    """Node.js CVE-2024-22019 (a chunk extension without end, read for as long as the client
+    sends it) and the trailer fields no limit counted (Triton CVE-2025-23310/23311's class):
+    what a chunked body sends that is not body is held to GELU_MAX_HEADER_BYTES beyond
+    FRAMING_PER_CHUNK bytes a chunk; past it, 431 and closed, read piece by piece."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await receive()
+
+    async def main() -> None:
+        protocol, transport = connected(app, ServerState())
+        protocol.data_received(CHUNKED)
+        for start in range(0, len(framing), 1000):
+            protocol.data_received(framing[start : start + 1000])
+            if transport.closed:
+                break
+        await settle()
+        assert transport.written.startswith(b"HTTP/1.1 431 "), transport.written[:200]
+        assert b"GELU_MAX_HEADER_BYTES" in transport.written and transport.closed
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_chunked_framing_within_its_share_is_read() -> None:
+    """The bound counts what chunks need: 2,000 one-byte chunks (6 bytes of framing for each
+    byte of body), a short extension on each, and a few trailer fields are a body, read whole."""
+    received: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message["body"], message.get("more_body", False)
+        received.append(body)
+        await answer(send, 204)
+
+    async def main() -> None:
+        protocol, transport = connected(app, ServerState())
+        chunks = b"".join(b"1;n=%d\r\n%c\r\n" % (i, 97 + i % 26) for i in range(2000))
+        protocol.data_received(CHUNKED)
+        for start in range(0, len(chunks), 1000):
+            protocol.data_received(chunks[start : start + 1000])
+            await asyncio.sleep(0)
+        protocol.data_received(b"0\r\nX-A: 1\r\nX-B: 2\r\n\r\n")
+        await settle()
+        assert received == [bytes(97 + i % 26 for i in range(2000))]
+        assert transport.written.startswith(b"HTTP/1.1 204 ") and not transport.closed
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
+
+
 # ---- against a real server, over raw sockets ---------------------------------------------------
 
 SERVED_LIMITS = {
