@@ -57,7 +57,7 @@ from service.rest.connection import (
     Spare,
     sweep,
 )
-from service.rest.middleware import CLIENT_GONE
+from service.rest.middleware import CLIENT_GONE, REFUSED
 
 # The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
 # tested against (pyproject.toml pins it; tests/service/rest/test_protocol.py checks both).
@@ -285,6 +285,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self.cycle is None or not self.cycle.response_started:
+            if self.cycle is not None:  # a request in progress: counted with this answer
+                self.cycle.scope[REFUSED] = status  # type: ignore[literal-required]
             body = codecs.dumps({"error": message})
             lines = [
                 b"HTTP/1.1 %d %s" % (status, REASONS[status]),

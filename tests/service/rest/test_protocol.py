@@ -305,6 +305,7 @@ SERVED_LIMITS = {
 
 
 PREDICT = "/v1/models/digits-mlp:predict"
+PREDICT_ROUTE = "/v1/models/{name}:predict"
 
 
 PREDICT_BODY = json.dumps({"instances": [DIGITS[0].tolist()]}).encode()
@@ -344,6 +345,9 @@ def test_slow_headers_get_408(server: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("length", [400, 90_000])  # the larger one is read by BodyReader
 def test_a_slow_body_gets_408(server: int, length: int) -> None:
+    """Answered 408 and counted so: before, the close that follows the answer counted it as a
+    client that left (499), and gRPC's own count of the same failure (408) did not match."""
+    before = counted(server, "408")
     with connect(server) as sock:
         head = request_bytes("POST", PREDICT)[:-2]
         sock.sendall(head.replace(b"Length: 0", b"Length: %d" % length))
@@ -357,6 +361,15 @@ def test_a_slow_body_gets_408(server: int, length: int) -> None:
         status, error = status_and_error(read_all(sock))
     assert status == 408
     assert "GELU_BODY_TIMEOUT_SECONDS" in error
+    assert counted(server, "408") == before + 1
+
+
+def counted(port: int, code: str) -> float:
+    """The server's count of predict requests answered ``code``, from its /metrics."""
+    prefix = f'gelu_requests_total{{code="{code}",endpoint="{PREDICT_ROUTE}"'
+    lines = [line for line in get(port, "/metrics")[1].decode().splitlines()
+             if line.startswith(prefix)]  # fmt: skip
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
 @pytest.mark.slow
