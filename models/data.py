@@ -12,7 +12,6 @@ that the checkpoint can record the input normalisation a client must apply.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,29 +104,14 @@ def load_idx_pair(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def _digits_csv() -> Path | None:
-    """scikit-learn's bundled ``digits.csv.gz``, found without importing scikit-learn."""
-    spec = importlib.util.find_spec("sklearn")
-    for location in (spec and spec.submodule_search_locations) or ():
-        path = Path(location) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            return path
-    return None
-
-
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The digits as ``sklearn.datasets.load_digits`` gives them: (1797, 8, 8) float64 images
-    and int labels. Read from its CSV as it reads it, for importing scikit-learn (and SciPy)
-    costs a fresh install 3 CPU-s; scikit-learn's own loader where the file is not found."""
-    path = _digits_csv()
-    if path is None:
-        from sklearn.datasets import load_digits
+    and int labels, from that public loader: where scikit-learn keeps the file is not part of
+    its API. Imported here, not at the top, so the IDX data sets never pay for it."""
+    from sklearn.datasets import load_digits
 
-        bunch = load_digits()
-        return bunch.images, bunch.target
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        data = np.loadtxt(f, delimiter=",")
-    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+    bunch = load_digits()
+    return bunch.images, bunch.target
 
 
 def _load_digits() -> Dataset:

@@ -8,6 +8,8 @@ from __future__ import annotations
 # A request whose client went away before its answer is counted with nginx's 499, Client Closed
 # Request, on every face.
 CLIENT_CLOSED_REQUEST = 499
+# A request whose body (gRPC: its one message) did not arrive within GELU_BODY_TIMEOUT_SECONDS.
+REQUEST_TIMEOUT = 408
 
 
 def first_line(exc: BaseException) -> str:

@@ -94,7 +94,8 @@ def _exporter(name: str) -> Exporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_otlp
 
-        return grpc_otlp.OTLPSpanExporter()
+        # Given in seconds: the SDK would read the milliseconds the specification sets as seconds.
+        return grpc_otlp.OTLPSpanExporter(timeout=otlp.timeout_seconds())
     if protocol == "http/protobuf":
         return otlp.HttpExporter()
     raise StartupError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: choose {' or '.join(PROTOCOLS)}")

@@ -46,6 +46,7 @@ from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import (
     CLIENT_CLOSED_REQUEST,
+    REQUEST_TIMEOUT,
     BadInputError,
     DeadlineExceededError,
     NotReadyError,
@@ -88,6 +89,9 @@ STATUS_CODES = {
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # A message that did not arrive in time, as HTTP's 408; last, so DEADLINE_EXCEEDED's
+    # HTTP equivalent stays 504.
+    REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 HTTP_STATUSES = {code: status for status, code in reversed(STATUS_CODES.items())}
 
@@ -356,20 +360,11 @@ class Envelope:
         behavior's: each is resumed whenever the batcher wakes the request."""
 
         async def served(request: Any, context: Any) -> Any:
-            if read_within is not None:
-                try:
-                    async with asyncio.timeout(read_within):
-                        request = await context.read()
-                except TimeoutError:
-                    message = (
-                        f"no request message within {read_within:g} s (GELU_BODY_TIMEOUT_SECONDS)"
-                    )
-                    await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
-                if request is grpc.aio.EOF:
-                    await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no request message")
             call = self._open(service, name, context)
             if isinstance(call, Failure):
                 await _abort(context, call.code, call.message)
+            if read_within is not None:
+                request = await self._read(call, read_within)
             answer = await self.answer(call, behavior, request, None, admit=True)
             if isinstance(answer, Failure):
                 await _abort(context, answer.code, answer.message)
@@ -377,6 +372,38 @@ class Envelope:
 
         served.__name__ = served.__qualname__ = name
         return served
+
+    async def _read(self, call: Call, within: float) -> Any:
+        """A unary call's one message, read within ``within`` seconds. A call whose message
+        never comes is counted as HTTP counts a body that never came (model unknown, so no
+        model label): 408 past GELU_BODY_TIMEOUT_SECONDS (answered DEADLINE_EXCEEDED), 400 for
+        a call ended with none, 499 for a client that cancelled or whose deadline passed."""
+        began = time.perf_counter()
+        try:
+            async with asyncio.timeout(within):
+                request = await call.context.read()
+        except TimeoutError:
+            status = REQUEST_TIMEOUT
+            message = f"no request message within {within:g} s (GELU_BODY_TIMEOUT_SECONDS)"
+        except asyncio.CancelledError:
+            self.observe(call, "", "", CLIENT_CLOSED_REQUEST, time.perf_counter() - began)
+            raise
+        else:
+            if request is not grpc.aio.EOF:
+                return request
+            status, message = 400, "no request message"
+        # grpcio's read also gives EOF for a call the client cancelled (or whose deadline
+        # passed): only an answer that could be sent says the client was still there.
+        try:
+            await call.context.abort(grpc_code(status), fit_details(message))
+        except grpc.aio.AbortError:
+            raise
+        except BaseException:  # cancelled while sending, or the send failed: it has gone
+            status = CLIENT_CLOSED_REQUEST
+            raise
+        finally:
+            self.observe(call, "", "", status, time.perf_counter() - began)
+        raise AssertionError("unreachable: abort raises")
 
     async def answer(
         self, call: Call, behavior: Behavior, request: Any, model: str | None, admit: bool

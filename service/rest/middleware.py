@@ -35,6 +35,9 @@ logger = logging.getLogger("gelu_serve")
 # Set in a request's scope when its client went away and its task was cancelled for that
 # (service.rest.protocol); such a request is counted with nginx's 499, Client Closed Request.
 CLIENT_GONE = "gelu.client_gone"
+# Set with the status the connection refused a request with mid-way (408 for a body too slow,
+# 413, 431) before closing it: counted with that status, not as a client that left.
+REFUSED = "gelu.refused"
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
 # A traced request's ``service.tracing.RequestTrace``, for its endpoint's stages.

@@ -61,7 +61,7 @@ from service.rest.connection import (
     Spare,
     sweep,
 )
-from service.rest.middleware import CLIENT_GONE
+from service.rest.middleware import CLIENT_GONE, REFUSED
 
 # The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
 # tested against (pyproject.toml pins it; tests/service/rest/test_protocol.py checks both).
@@ -363,6 +363,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             or not cycle.response_started
             or (self._reading_headers and cycle.response_complete)
         ):
+            if cycle is not None and not cycle.response_started:  # in progress: counted so
+                cycle.scope[REFUSED] = status  # type: ignore[literal-required]
             body = codecs.dumps({"error": message})
             lines = [
                 b"HTTP/1.1 %d %s" % (status, REASONS[status]),

@@ -43,6 +43,7 @@ from service.metrics import Metrics
 from service.rest.body import BodyLimits
 from service.rest.middleware import (
     CLIENT_GONE,
+    REFUSED,
     SERVED_VERSION,
     TRACE,
     ASGIApp,
@@ -324,9 +325,11 @@ class Envelope:
             if not scope.get(CLIENT_GONE):
                 raise  # a shutdown's cancellation
             # The connection cancelled the request of a client that has gone (see
-            # service.rest.protocol): nobody is left to answer; it is counted with nginx's 499.
+            # service.rest.protocol): nobody is left to answer; it is counted with nginx's 499,
+            # or with the status the connection refused it with before closing (a slow body's
+            # 408), as gRPC counts its own.
             if status == 500:
-                status = CLIENT_CLOSED_REQUEST
+                status = scope.get(REFUSED, CLIENT_CLOSED_REQUEST)
         finally:
             metrics.request_finished()
             trace_id = None if trace is None else trace.trace_id_hex

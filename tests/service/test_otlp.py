@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -170,6 +171,36 @@ def test_a_lost_endpoint_fails_the_export_without_raising(monkeypatch: pytest.Mo
     with _receiver() as (_, port):
         pass  # closed: nothing listens on the port now
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port}/v1/traces")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0.2")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "200")
     exporter = otlp.HttpExporter()
     assert exporter.export(b"") is False
+
+
+def test_the_timeout_is_milliseconds_as_the_specification_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT is milliseconds, default 10000 (the Python SDK
+    reads seconds): an endpoint that never answers is given up at that timeout, and a value
+    that is not a positive number is refused at start-up, naming the variable."""
+    from service.errors import StartupError
+
+    assert otlp.HttpExporter().timeout == 10.0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1500")
+    assert otlp.HttpExporter().timeout == 1.5
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "250")  # the signal's own first
+    assert otlp.timeout_seconds() == 0.25
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port}/")
+        exporter = otlp.HttpExporter()
+        gave_up: list[bool] = []
+        # Read as seconds, the export would wait 250 s: the join only bounds the wait.
+        waiting = threading.Thread(target=lambda: gave_up.append(exporter.export(b"")))
+        waiting.start()
+        waiting.join(60)
+        exporter.close()
+    assert gave_up == [False]
+    for wrong in ("ten", "0", "-5", "inf"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", wrong)
+        with pytest.raises(StartupError, match=f"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT={wrong}"):
+            otlp.HttpExporter()

@@ -412,3 +412,43 @@ def test_a_misnamed_sampler_is_refused_at_start(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "sometimes")
     with pytest.raises(StartupError, match="OTEL_TRACES_SAMPLER=sometimes"):
         Tracing([InMemorySpanExporter()])
+
+
+def test_the_grpc_exporters_deadline_is_the_timeout_in_milliseconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_TIMEOUT is milliseconds (the specification's unit); the SDK's
+    gRPC exporter, which would read it as seconds, is handed it converted: the receiver sees
+    a deadline of at most 2.5 s for 2500 (2500 s before)."""
+    from service.tracing import Tracing
+
+    remaining: list[float | None] = []
+
+    class Service(otlp_grpc.TraceServiceServicer):
+        def Export(self, message: Any, context: Any) -> Any:
+            remaining.append(context.time_remaining())
+            return otlp.ExportTraceServiceResponse()
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+    otlp_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    for name, value in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2500",
+                        "OTEL_TRACES_SAMPLER": "always_on",
+                        "OTEL_BSP_SCHEDULE_DELAY": "3600000"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    tracing = Tracing.from_environment()
+    assert tracing is not None
+    try:
+        traced = tracing.sample("r")
+        assert traced is not None
+        began = time.perf_counter_ns()
+        traced.open(began, {}).end(200, {}, began + 10)
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+        server.stop(0)
+    assert len(remaining) == 1 and remaining[0] is not None
+    assert 0 < remaining[0] <= 2.5, remaining

@@ -36,7 +36,7 @@ from google.protobuf.message_factory import GetMessageClass
 from bench.proc import pin_tree
 from service.control import ModelControl
 from service.dataplane import DataPlane
-from service.errors import DeadlineExceededError
+from service.errors import CLIENT_CLOSED_REQUEST, DeadlineExceededError
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
 from service.grpc.server import (
@@ -55,7 +55,7 @@ from service.grpc.server import (
     TooManyStreamsError,
     Window,
 )
-from tests.helpers import DIGITS, binary_request
+from tests.helpers import DIGITS, binary_request, until
 from tests.servers import ServedFaces, get, grpc_server, wait_until
 from tests.service.grpc.messages import BAD, changed, raw_request, runs_of_digits_mlp, typed_request
 
@@ -289,6 +289,67 @@ async def test_a_connection_past_its_streams_is_refused_and_its_streams_let_go(
     release.set()
     await asyncio.gather(*calls, other)
     assert servicer.envelope.streams.held == 0
+
+
+@pytest.mark.anyio
+async def test_calls_whose_message_never_comes_are_counted(settings_factory) -> None:
+    """A ModelInfer whose message does not arrive (a real server on loopback, a client that
+    announces the call and sends nothing) is counted as HTTP counts a body that never came,
+    under ``grpc:ModelInfer`` with no model label: 408 past GELU_BODY_TIMEOUT_SECONDS, 499
+    when the client's deadline passes first, 400 for a call that ends with no message.
+    Before, none was counted: the envelope opened the call only once its message was read."""
+    release = asyncio.Event()
+
+    async def nothing() -> AsyncIterator[bytes]:
+        await release.wait()
+        return
+        yield b""  # an async generator that sends nothing until released
+
+    async def none() -> AsyncIterator[bytes]:
+        return
+        yield b""
+
+    def counted(code: int) -> float:
+        labels = {"endpoint": "grpc:ModelInfer", "model": "", "version": "", "code": str(code)}
+        registry = core.metrics.registry
+        requests = registry.get_sample_value("gelu_requests_total", labels) or 0.0
+        failures = registry.get_sample_value("gelu_request_failures_total", labels) or 0.0
+        assert requests == failures, (code, requests, failures)  # every one is a failure
+        return requests
+
+    async def infer(channel: Any, messages: AsyncIterator[bytes], **options: Any) -> Any:
+        call = channel.stream_unary(f"/{SERVICE}/ModelInfer")(messages, **options)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await call
+        return ended.value
+
+    core = DataPlane(settings_factory(body_timeout_seconds=0.5))
+    server = GrpcServer(core, ModelControl.over(core), "127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            ended = await infer(channel, nothing())
+            assert ended.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "GELU_BODY_TIMEOUT_SECONDS" in (ended.details() or "")
+            assert counted(408) == 1
+            ended = await infer(channel, none())
+            assert ended.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert counted(400) == 1
+        core.settings.body_timeout_seconds = 60.0  # read_within was taken at construction
+        slow = GrpcServer(core, ModelControl.over(core), "127.0.0.1:0")
+        await slow.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{slow.port}") as channel:
+                ended = await infer(channel, nothing(), timeout=0.3)
+                assert ended.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                # The server's handler is cancelled at its own copy of the deadline.
+                await until(lambda: counted(CLIENT_CLOSED_REQUEST) == 1, "no 499 counted")
+        finally:
+            await slow.stop(0)
+    finally:
+        release.set()
+        await server.stop(0)
+    assert counted(408) == 1 and counted(400) == 1
 
 
 def test_the_docs_quote_the_cut() -> None:

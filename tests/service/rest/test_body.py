@@ -92,7 +92,10 @@ def test_a_gzip_body_is_not_inflated_on_the_event_loop() -> None:
     assert longest < took / 4, f"the event loop stalled {longest * 1e3:.0f} ms of {took * 1e3:.0f}"
 
 
-def test_a_small_gzip_body_is_decoded_and_described() -> None:
+def test_a_small_gzip_body_is_decoded_and_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inflated on the loop, at once: no worker thread is asked for."""
+    import anyio.to_thread
+
     limits = BodyLimits(1 << 20, 1 << 20)
     body = gzip.compress(b'{"inputs": []}')
     scope = gzip_scope(len(body))
@@ -102,9 +105,11 @@ def test_a_small_gzip_body_is_decoded_and_described() -> None:
         message = await receive()
         return bytes(message["body"])
 
-    began = time.perf_counter()
+    def no_thread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a small body was handed to a thread")
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", no_thread)
     assert asyncio.run(main()) == b'{"inputs": []}'
-    assert time.perf_counter() - began < 5
     assert (b"content-length", b"14") in scope["headers"]
     assert all(key != b"content-encoding" for key, _ in scope["headers"])
 
@@ -124,8 +129,10 @@ def test_streamed_body_above_the_limit_is_413(client) -> None:
 
 @pytest.mark.slow
 def test_large_json_bodies_do_not_stall_liveness_or_memory(model_repository: Path) -> None:
-    """Four JSON bodies at the JSON limit at once: liveness keeps answering within 1 s, RSS
-    grows by less than 400 MiB, and a body above the limit is refused before it is read."""
+    """Four JSON bodies at the JSON limit at once: liveness keeps answering, its worst wait a
+    small part of what one body's request takes (parsed on the event loop, a body held the
+    loop for as long as its parse); RSS grows by less than 400 MiB; and a body above the limit
+    is refused before it is read. Relative within the run, as the machine's speed varies."""
     import psutil
 
     limit = 8 << 20
@@ -134,29 +141,38 @@ def test_large_json_bodies_do_not_stall_liveness_or_memory(model_repository: Pat
     assert len(body) <= limit
     with running(model_repository, GELU_MAX_JSON_BYTES=str(limit)) as (port, process):
         rss_before = psutil.Process(process.pid).memory_info().rss
-        results: list[int] = []
+        results: list[tuple[int, float]] = []
 
         def post() -> None:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            began = time.monotonic()
             connection.request("POST", "/v1/activations/gelu", body)
-            results.append(connection.getresponse().status)
+            status = connection.getresponse().status
+            results.append((status, time.monotonic() - began))
             connection.close()
+
+        def live() -> float:
+            began = time.monotonic()
+            assert get(port, "/v2/health/live", timeout=120)[0] == 200
+            return time.monotonic() - began
 
         threads = [threading.Thread(target=post) for _ in range(4)]
         for thread in threads:
             thread.start()
-        worst, peak = 0.0, 0
+        waits, peak = [], 0
         while any(t.is_alive() for t in threads):
-            began = time.monotonic()
-            assert get(port, "/v2/health/live", timeout=10)[0] == 200
-            worst = max(worst, time.monotonic() - began)
+            waits.append(live())
             peak = max(peak, psutil.Process(process.pid).memory_info().rss)
             time.sleep(0.05)
         for thread in threads:
             thread.join()
-        assert results == [200] * 4, results
-        print(f"liveness worst {worst:.3f} s, RSS +{(peak - rss_before) >> 20} MiB")
-        assert worst < 1.0, f"liveness took {worst:.2f} s"
+        assert [status for status, _ in results] == [200] * 4, results
+        quickest = min(seconds for _, seconds in results)
+        worst = max(waits)
+        print(f"liveness worst {worst * 1e3:.0f} ms of {len(waits)} probes, quickest body "
+              f"{quickest * 1e3:.0f} ms, RSS +{(peak - rss_before) >> 20} MiB")  # fmt: skip
+        assert len(waits) >= 2, waits  # the probes ran while the bodies were served
+        assert worst < quickest / 3, f"liveness waited {worst:.2f} s, a body took {quickest:.2f} s"
         assert peak - rss_before < 400 << 20, f"RSS grew {(peak - rss_before) >> 20} MiB"
 
         # Above the limit: refused by its Content-Length, before the body is sent.

@@ -136,8 +136,9 @@ def test_a_stalled_upload_cannot_hold_shutdown(model_repository: Path) -> None:
         time.sleep(0.3)
         began = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
-        assert time.monotonic() - began < 6  # the drain and the graceful limit, with slack
+        assert process.wait(timeout=300) == 0  # bounds the wait only
+        # Relative to the limits: the drain and the graceful limit (2.5 s), not the upload's.
+        assert time.monotonic() - began < float(env["GELU_BODY_TIMEOUT_SECONDS"]) / 10
 
 
 @pytest.mark.slow
