@@ -394,10 +394,10 @@ class Envelope:
         # grpcio's read also gives EOF for a call the client cancelled (or whose deadline
         # passed): only an answer that could be sent says the client was still there.
         try:
-            await call.context.abort(grpc_code(status), fit_details(message))
+            await _abort(call.context, grpc_code(status), message)
         except grpc.aio.AbortError:
             raise
-        except BaseException:  # cancelled while sending, or the send failed: it has gone
+        except BaseException:  # the core ended the call first, or cancelled while sending
             status = CLIENT_CLOSED_REQUEST
             raise
         finally:
