@@ -341,7 +341,7 @@ ACTIVATIONS = {name: _DEFINED[name] for name in EVALUATED_ACTIVATIONS}
 # Formulas as accurate in float32 as in float64 (relu is exact; ELU's derivative is one Exp of
 # an exact argument), built without the float64 casts.
 # Only selections and comparisons: exact in float32 on every provider. (elu' was here, as
-# float32 Exp: within 0.85 ULP on the CPU but 1.82 on CUDA, docs/accuracy-exhaustive.md.)
+# float32 Exp: 0.866 ULP at worst on the CPU but 1.82 on CUDA, docs/measurements/gpu-2026-11-28.md.)
 EXACT_IN_FLOAT32 = {("relu", False), ("relu", True)}
 
 
