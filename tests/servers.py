@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -150,15 +151,36 @@ def serve_command(port: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "cli", "serve", "--port", str(port), *args]
 
 
+class Server(subprocess.Popen[str]):
+    """A server's process whose output, standard error included, goes to a file: a pipe that
+    nobody reads fills at 64 KiB, and the server's next write then blocks it (grpcio's core
+    writes one line per call it refuses; a flood of such calls stalled its handshakes)."""
+
+    def __init__(self, command: list[str], env: Mapping[str, str]) -> None:
+        # Appending: the server writes at the end whatever this side has read.
+        self.log = tempfile.TemporaryFile("a+", encoding="utf-8", errors="replace")  # noqa: SIM115  # closed by stop()
+        super().__init__(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        """What the server has written so far."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, timeout: float = 60) -> str:
+        """SIGTERM (if still running), the wait for its exit, and all it wrote."""
+        if self.poll() is None:
+            self.send_signal(signal.SIGTERM)
+        self.wait(timeout)
+        output = self.text()
+        self.log.close()
+        return output
+
+
 def start(
     repository: Path, port: int, env: Mapping[str, str], args: tuple[str, ...] = ()
-) -> subprocess.Popen[str]:
-    """``gelu-serve serve`` on ``port`` over ``repository``, started (not waited for); its
-    output, standard error included, on its ``stdout`` pipe."""
-    return subprocess.Popen(
-        serve_command(port, *args), cwd=ROOT, env=environment(repository, env),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+) -> Server:
+    """``gelu-serve serve`` on ``port`` over ``repository``, started (not waited for)."""
+    return Server(serve_command(port, *args), environment(repository, env))
 
 
 def refusal(
@@ -219,17 +241,12 @@ def probed(
     if command is None:
         process = start(repository, port, env, args)
     else:
-        process = subprocess.Popen(
-            command(port), cwd=ROOT, env=environment(repository, env),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        process = Server(command(port), environment(repository, env))
     try:
         wait_ready(port, process, probe)
         yield port, process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
+        output = process.stop()
         process.output = output  # type: ignore[attr-defined]  # for tests that read the logs
         assert "Traceback" not in output, output
     if clean_stop:
@@ -252,7 +269,7 @@ def wait_ready(
         if isinstance(server, threading.Thread):
             assert server.is_alive(), "the server's thread ended while starting"
         else:
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert server.poll() is None, server.text() if isinstance(server, Server) else ""
         try:
             return check(port) == 200
         except OSError:

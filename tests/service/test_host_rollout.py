@@ -9,7 +9,6 @@ import http.client
 import itertools
 import json
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import pytest
 
 from service.host import STOPPED
 from tests.helpers import DIGITS
-from tests.servers import free_port, get, start, wait_ready, wait_until
+from tests.servers import Server, free_port, get, start, wait_ready, wait_until
 
 # The prober's period: Kubernetes' readinessProbe periodSeconds, scaled down with the drain
 # (GELU_DRAIN_SECONDS must outlast a period plus the time endpoints take to follow it).
@@ -95,19 +94,11 @@ class Balancer:
             self.answers.append(Answer(port, status, sent, time.monotonic()))
 
 
-def stopped(process: subprocess.Popen[str]) -> str:
-    """SIGTERM ``process`` (if still running) and wait for it: its output."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=60)
-    return output
-
-
 @pytest.mark.slow
 def test_a_rolling_update_loses_no_request(model_repository: Path) -> None:
     old_port, new_port = free_port(), free_port()
     old = start(model_repository, old_port, ENV)
-    new: subprocess.Popen[str] | None = None
+    new: Server | None = None
     old_output = new_output = ""
     balancer = Balancer([old_port])
     threads = [threading.Thread(target=balancer.probe_forever)]
@@ -123,7 +114,8 @@ def test_a_rolling_update_loses_no_request(model_repository: Path) -> None:
         wait_until(lambda: any(a.port == new_port for a in balancer.answers), what="load on both")
         terminated = time.monotonic()
         old.send_signal(signal.SIGTERM)  # then the old pod goes
-        old_output, _ = old.communicate(timeout=60)
+        old.wait(60)
+        old_output = old.stop()
         exited = time.monotonic()
         count = len(balancer.answers)
         wait_until(lambda: len(balancer.answers) > count + 20, what="load on the new server")
@@ -133,9 +125,9 @@ def test_a_rolling_update_loses_no_request(model_repository: Path) -> None:
             if thread.is_alive():
                 thread.join(60)
         if old.returncode is None:  # the test failed before the old server stopped
-            old_output = stopped(old)
+            old_output = old.stop()
         if new is not None:
-            new_output = stopped(new)
+            new_output = new.stop()
     assert old.returncode == 0, old_output
     assert "Traceback" not in old_output + new_output, old_output + new_output
     lost = [a for a in balancer.answers if a.status != 200]
