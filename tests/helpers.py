@@ -79,6 +79,19 @@ def v2_body(**changes: Any) -> dict[str, Any]:
     return {"inputs": [entry]}
 
 
+INTEGER_MAX = {"int64_param": 2**63 - 1, "uint64_param": 2**64 - 1}
+
+
+def put_parameters(target: Any, values: dict[str, Any], integer: str = "int64_param") -> None:
+    """``values`` into a protobuf parameters map (a tensor's or a request's): strings as
+    ``string_param``, integers as ``integer``, cut to that field's largest value."""
+    for key, value in values.items():
+        if isinstance(value, str):
+            target[key].string_param = value
+        else:
+            setattr(target[key], integer, min(value, INTEGER_MAX[integer]))
+
+
 def predict(client: TestClient, model: str) -> int:
     """The status of a V1 prediction of one digit by ``model``."""
     body = {"instances": DIGITS[:1].tolist()}

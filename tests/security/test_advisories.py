@@ -25,7 +25,7 @@ import pytest
 
 from service.grpc import inference_pb2 as pb
 from service.grpc import inference_pb2_grpc as pb_grpc
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, put_parameters
 from tests.servers import (
     ROOT,
     ServedFaces,
@@ -249,11 +249,7 @@ def test_no_shared_memory_is_offered_or_named(faces: ServedFaces, parameters: di
         named = request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
         if where == "outputs":
             named = request.outputs.add(name="probabilities")
-        for key, value in parameters.items():
-            if isinstance(value, str):
-                named.parameters[key].string_param = value
-            else:
-                named.parameters[key].int64_param = value
+        put_parameters(named.parameters, parameters)
         refused = rpc(faces, "ModelInfer", request)
         assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused
     serves_on(faces)

@@ -13,7 +13,7 @@ from service.errors import BadInputError
 from service.grpc import codec as grpc_codec
 from service.grpc import inference_pb2 as pb
 from service.inference import InferenceResult, ModelInfo, TensorInfo
-from tests.helpers import DIGITS, assert_error, binary_request
+from tests.helpers import DIGITS, assert_error, binary_request, put_parameters
 
 V2 = "/v2/models/digits-mlp/infer"
 
@@ -266,11 +266,7 @@ def test_a_shared_memory_tensor_is_refused_by_every_codec(parameters: dict) -> N
         tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 2])
         if where == "output":
             tensor = request.outputs.add(name="y")
-        for key, value in parameters.items():
-            if isinstance(value, str):
-                tensor.parameters[key].string_param = value
-            else:
-                tensor.parameters[key].uint64_param = min(value, 2**64 - 1)
+        put_parameters(tensor.parameters, parameters, "uint64_param")
         with pytest.raises(BadInputError, match="has no shared memory"):
             grpc_codec.decode_infer(request)
     assert codecs.decode_v2(json.dumps({"inputs": [data]}).encode(), None).inputs  # without
