@@ -332,3 +332,34 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def answers(port: int, data: bytes) -> list[tuple[int, bytes]]:
+    """Every answer to ``data`` written on one connection, until the server closes it: each
+    status and body."""
+    with connect(port) as sock:
+        sock.sendall(data)
+        received = read_all(sock)
+    found = []
+    while received:
+        head, _, rest = received.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(int(v) for k, _, v in (h.partition(b":") for h in lines[1:])
+                      if k.strip().lower() == b"content-length")  # fmt: skip
+        found.append((int(lines[0].split()[1]), rest[:length]))
+        received = rest[length:]
+    return found
+
+
+def request_counts(port: int) -> dict[tuple[str, str], float]:
+    """The server's ``gelu_requests_total`` by endpoint and code, read from ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = get(port, "/metrics")[1].decode()
+    return {
+        (sample.labels["endpoint"], sample.labels["code"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gelu_requests"
+        for sample in family.samples
+        if sample.name == "gelu_requests_total"
+    }

@@ -28,7 +28,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, NamedTuple, NoReturn
@@ -41,6 +41,7 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from service import fields
 from service.auth import GRPC as GRPC_CLASSES
 from service.control import ModelControl
 from service.dataplane import DataPlane
@@ -273,8 +274,9 @@ def _model_of(request: Any) -> str:
 
 class Envelope:
     """What every gRPC method is served inside, whoever calls it (grpcio's server, or Ray
-    Serve's gRPC proxy calling the servicer's methods): the request id (``x-request-id``, else a
-    fresh one, returned in the trailing metadata), the credentials of the method's route class
+    Serve's gRPC proxy calling the servicer's methods): no key it reads once repeated
+    (``text_metadata``; INVALID_ARGUMENT), the request id (``x-request-id``, else a fresh one,
+    returned in the trailing metadata), the credentials of the method's route class
     (``service.auth``; UNAUTHENTICATED, PERMISSION_DENIED), each message within
     GELU_MAX_BODY_BYTES (RESOURCE_EXHAUSTED, as grpcio's own bound answers), streams within
     their share (``Streams``), then metrics, the access log and the trace's end, once a call."""
@@ -287,6 +289,7 @@ class Envelope:
         self.access_log = settings.access_log
         self.streams = Streams(settings.grpc_max_streams_per_connection, settings.max_connections)
         self.stream_idle_seconds = settings.grpc_stream_idle_seconds
+        self.once = fields.read_once(self.restrictions)  # keys no call may repeat
         # Each method's request message, to decode what grpcio's server hands over undecoded
         # (``Dispatch``): here, a message that is no such protobuf is the client's mistake.
         self.messages = {
@@ -326,19 +329,22 @@ class Envelope:
 
     def _open(self, service: str, method: str, context: Any) -> Call | Failure:
         """A call of ``method`` under its request id, or the failure of a malformed one
-        (INVALID_ARGUMENT, under a fresh id)."""
-        metadata: dict[str, str] = {}
-        for key, value in context.invocation_metadata() or ():
-            if isinstance(value, str):  # ``-bin`` metadata is bytes, and carries no credentials
-                metadata[key] = value
+        (INVALID_ARGUMENT, under a fresh id): an unsafe ``x-request-id``, or a key the service
+        reads once sent more than once (``service.fields``)."""
         failure = None
         try:
+            metadata = text_metadata(context.invocation_metadata(), self.once)
             request_id.set(checked_request_id(metadata.get(REQUEST_ID_HEADER)))
         except ServiceError as exc:
             request_id.set(new_request_id())
-            failure = Failure(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            metadata, failure = {}, exc
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id.get()),))
-        return Call(service, method, context, metadata) if failure is None else failure
+        call = Call(service, method, context, metadata)
+        if failure is None:
+            return call
+        # Refused before anything is read: counted and logged as any client mistake.
+        self.observe(call, "", "", failure.status_code, 0.0)
+        return Failure(grpc_code(failure.status_code), failure.message)
 
     async def open(self, service: str, method: str, context: Any) -> Call:
         """A call of ``method`` under its request id; a malformed one ends it (INVALID_ARGUMENT)."""
@@ -526,6 +532,16 @@ class Envelope:
             request = self.decode(call, request)
             self.fit(request)
             yield request
+
+
+def text_metadata(pairs: Iterable[tuple[str, Any]] | None, once: frozenset[str]) -> dict[str, str]:
+    """A call's text metadata by key (``-bin`` values are bytes, and carry no credentials);
+    ``BadInputError`` for a key of ``once`` that comes more than once (``service.fields``)."""
+    pairs = tuple(pairs or ())
+    twice = fields.repeated((key for key, _ in pairs), once)
+    if twice is not None:
+        raise fields.repeated_error(twice)
+    return {key: value for key, value in pairs if isinstance(value, str)}
 
 
 def _status_of(context: Any) -> int:
@@ -948,9 +964,8 @@ class Dispatch(grpc.GenericRpcHandler):
         if envelope.restrictions is None:  # every class open: nothing to check
             return handler
         service, method = self.methods[details.method]
-        metadata = {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
         try:
-            envelope.admit(method, metadata)
+            envelope.admit(method, text_metadata(details.invocation_metadata, envelope.once))
         except ServiceError as exc:
             return _refusal(handler, envelope, service, method, exc)
         return handler

@@ -17,9 +17,11 @@ from starlette.responses import Response
 from service import codecs
 from service.errors import (
     BadInputError,
+    NotImplementedCodingError,
     ServiceError,
     StartupError,
 )
+from service.fields import repeated_error
 from service.logs import (
     REQUEST_ID_HEADER,
     access,
@@ -45,6 +47,7 @@ TRACE = "gelu.trace"
 # Whether the client sent an X-Request-ID (a V2 request's own id is adopted when it did not).
 REQUEST_ID_GIVEN = "gelu.request_id_given"
 _REQUEST_ID_KEY = REQUEST_ID_HEADER.encode()
+TRANSFER_ENCODING, CHUNKED = b"transfer-encoding", b"chunked"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -122,24 +125,72 @@ def quiet_startup_refusal(app: ASGIApp) -> ASGIApp:
     return lifespan
 
 
-def start_request_id(scope: Scope) -> None:
+def open_request(scope: Scope, once: frozenset[bytes]) -> None:
     """Set the request's id, for its log lines and its answer: its X-Request-ID header, else
-    a fresh one; ``BadInputError`` (with a fresh one set) for a header that is unsafe."""
+    a fresh one. Raise, with a fresh id set where the request's own cannot be, for a request
+    that is ambiguous before any route reads it: a field of ``once`` (``service.fields``) sent
+    more than once, an unsafe X-Request-ID (``BadInputError``), or a Transfer-Encoding other
+    than ``chunked`` alone (``transfer_coding_refusal``). One pass over the headers (``once``
+    holds X-Request-ID)."""
+    given: bytes | None = None
+    seen: set[bytes] = set()
+    codings: list[bytes] | None = None
     for key, value in scope["headers"]:
-        if key == _REQUEST_ID_KEY:
-            scope[REQUEST_ID_GIVEN] = True
-            try:
-                request_id.set(checked_request_id(value.decode("latin-1")))
-            except BadInputError:
+        if key in once:
+            if key in seen:
                 request_id.set(new_request_id())
-                raise
-            return
-    scope[REQUEST_ID_GIVEN] = False
-    request_id.set(new_request_id())
+                raise repeated_error(key)
+            seen.add(key)
+            if key == _REQUEST_ID_KEY:
+                given = value
+        elif key == TRANSFER_ENCODING:
+            codings = [value] if codings is None else [*codings, value]
+    scope[REQUEST_ID_GIVEN] = given is not None
+    if given is None:
+        request_id.set(new_request_id())
+    else:
+        try:
+            request_id.set(checked_request_id(given.decode("latin-1")))
+        except BadInputError:
+            request_id.set(new_request_id())
+            raise
+    if codings:
+        refusal = transfer_coding_refusal(codings)
+        if refusal is not None:
+            raise refusal
+
+
+def transfer_coding_refusal(lines: list[bytes]) -> ServiceError | None:
+    """The refusal of a request whose Transfer-Encoding field lines are ``lines``, or None
+    for the one form read without doubt: one line, exactly ``chunked``. A coding other than
+    chunked is 501 (RFC 9112 6.1; h11, uvicorn's other parser, answers the same); chunked in
+    another case, twice or among empty list elements is 400. Either closes the connection:
+    a front end that read the framing otherwise would take what follows for a request.
+
+    httptools reads ``gzip, chunked``, ``Chunked`` and ``identity, chunked`` as a chunked
+    body, dropping the other codings, which a proxy may have applied or ignored (gunicorn's
+    CVE-2024-1135 and CVE-2024-6827: Transfer-Encoding read unlike the proxy's, requests
+    smuggled past its restrictions)."""
+    if lines == [CHUNKED]:
+        return None
+    close = {"Connection": "close"}
+    codings = [c.strip(b" \t").lower() for line in lines for c in line.split(b",")]
+    other = sorted({c.decode("latin-1") for c in codings if c and c != CHUNKED})
+    if other:
+        return NotImplementedCodingError(
+            f"Transfer-Encoding {', '.join(map(repr, other))} is not implemented: send "
+            "'Transfer-Encoding: chunked' alone, or a Content-Length",
+            close,
+        )
+    return BadInputError(
+        "Transfer-Encoding must be one field line reading exactly 'chunked' (lower case, once)",
+        close,
+    )
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
-    """The request's headers by lower-case name (the last of a repeated one)."""
+    """The request's headers by lower-case name (a field the service reads is never repeated:
+    ``open_request`` refused such a request)."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 

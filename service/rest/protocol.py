@@ -11,6 +11,8 @@ from a ``GELU_*`` setting (``ConnectionLimits``):
 - a request's headers complete within ``header_timeout_seconds`` of its first byte, its body
   within ``body_timeout_seconds`` of its headers (else 408 and closed);
 - at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431);
+- a Transfer-Encoding other than ``chunked`` alone refused (501 for another coding, else
+  400) before its body is read;
 - a chunked body's framing (size lines, chunk extensions, trailer fields) at most
   ``FRAMING_PER_CHUNK`` bytes per chunk beyond ``max_header_bytes`` (431); its trailer fields
   are dropped, never added to the request's headers.
@@ -61,7 +63,12 @@ from service.rest.connection import (
     Spare,
     sweep,
 )
-from service.rest.middleware import CLIENT_GONE, REFUSED
+from service.rest.middleware import (
+    CLIENT_GONE,
+    REFUSED,
+    TRANSFER_ENCODING,
+    transfer_coding_refusal,
+)
 
 # The one uvicorn release this subclass of its private ``HttpToolsProtocol`` was written and
 # tested against (pyproject.toml pins it; tests/service/rest/test_protocol.py checks both).
@@ -277,6 +284,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in headers)
             if size > limits.max_header_bytes:
                 raise _Refusal(431, self._header_limit_message())
+        # Transfer-Encoding as anything but "chunked" alone: the parser would read the body as
+        # chunked whatever else it names (``transfer_coding_refusal``).
+        codings = [value for name, value in headers if name == TRANSFER_ENCODING]
+        if codings and (refusal := transfer_coding_refusal(codings)) is not None:
+            raise _Refusal(refusal.status_code, refusal.message)
         # uvicorn parses the target only now, and a target it cannot parse (CONNECT's
         # authority-form, an absolute URL with a bad host) or one naming no path ("http://a")
         # raised from this callback: no answer and an ERROR traceback per request.

@@ -33,7 +33,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, get_route_path
 
-from service import auth, codecs
+from service import auth, codecs, fields
 from service.auth import UNMATCHED, Restrictions
 from service.control import ModelControl
 from service.dataplane import DataPlane
@@ -52,11 +52,11 @@ from service.rest.middleware import (
     Scope,
     Send,
     handle_error,
+    open_request,
     record_request,
     request_headers,
     request_id_header,
     send_error,
-    start_request_id,
 )
 from service.tracing import RequestTrace
 
@@ -251,7 +251,9 @@ class RouteClasses:
 
 class Envelope:
     """The one envelope of every HTTP request: request id, credentials, metrics, access log,
-    trace and the 499 of a client that left, opened and closed here once per request.
+    trace and the 499 of a client that left, opened and closed here once per request. Before
+    any of them, a request that repeats a field the service reads once, or frames its body
+    with a Transfer-Encoding other than ``chunked`` alone, is refused (``open_request``).
 
     ``ServiceApp`` hands it every HTTP request, a direct route's (``DirectRoutes``, answered
     here) as a FastAPI route's (``app``: FastAPI's middleware and router), wherever the app is
@@ -281,17 +283,21 @@ class Envelope:
         self.known = known  # only a model the repository holds becomes a label value
         self.access_log = access_log
         self.restrictions = restrictions
+        # The fields no request may repeat (``service.fields``), as the scope names them.
+        self.once = frozenset(name.encode() for name in fields.read_once(restrictions))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         metrics, status, start = self.metrics, 500, time.perf_counter()
         direct = self.direct
         route = direct.match(scope, get_route_path(scope))
-        traced = route is not None and direct.plane.tracing is not None  # a call only if on
-        trace = direct.begin_trace(scope) if traced else None
+        trace = None
         metrics.request_started()
         try:
             try:
-                start_request_id(scope)
+                open_request(scope, self.once)
+                # Traced from here: a request refused above has no one parent to trace under.
+                if route is not None and direct.plane.tracing is not None:
+                    trace = direct.begin_trace(scope)
                 if self.restrictions is not None:
                     self._check(scope, route, self.restrictions)
             except ServiceError as exc:

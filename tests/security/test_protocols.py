@@ -21,6 +21,7 @@ import pytest
 
 from service.grpc import inference_pb2 as pb
 from tests.servers import ROOT, ServedFaces, connect, get, grpc_server, read_all
+from tests.servers import answers as _answers
 
 pytestmark = pytest.mark.slow  # a real server process
 
@@ -48,23 +49,6 @@ def _head(target: str = INFER, headers: str = "", length: int | None = len(BODY)
 
 def _chunked(body: bytes) -> bytes:
     return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-
-
-def _answers(port: int, data: bytes) -> list[tuple[int, bytes]]:
-    """Every answer to ``data`` written on one connection, until the server closes it: each
-    status and body."""
-    with connect(port) as sock:
-        sock.sendall(data)
-        received = read_all(sock)
-    answers = []
-    while received:
-        head, _, rest = received.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        length = next(int(v) for k, _, v in (h.partition(b":") for h in lines[1:])
-                      if k.strip().lower() == b"content-length")  # fmt: skip
-        answers.append((int(lines[0].split()[1]), rest[:length]))
-        received = rest[length:]
-    return answers
 
 
 def _refused(answers: list[tuple[int, bytes]], status: int = 400) -> str:

@@ -19,6 +19,7 @@ from service.auth import CLASSES
 from service.host import Host
 from service.rest.app import ServiceApp, create_app
 from service.rest.routing import Classed
+from tests.helpers import v2_body
 from tests.servers import refusal_alone
 
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -97,6 +98,35 @@ def test_an_unmatched_path_needs_every_key(client: TestClient) -> None:
         response = client.get("/v2/nowhere", headers={"x-api-key": key} if key else {})
         assert response.status_code in (401, 403)
         assert "matches no route" in response.json()["error"]
+
+
+def test_an_ambiguous_request_is_refused_on_every_host(client: TestClient) -> None:
+    """Where no guarded HTTP protocol parses the request (``TestClient``, Ray Serve's proxy,
+    another ASGI server), the envelope itself refuses a field the service reads once sent twice
+    (400: Envoy CVE-2026-26308's class, tests/security/test_ambiguous_requests.py) and a
+    Transfer-Encoding other than ``chunked`` alone (501 or 400, closing the connection:
+    gunicorn CVE-2024-1135's class), before credentials; each counted, with a request id."""
+    app = client.app
+    assert isinstance(app, ServiceApp)
+    key = ("x-api-key", KEYS["inference"])
+    cases = [
+        ([("x-api-key", "wrong"), key], 400, "'x-api-key'"),
+        ([key, key], 400, "'x-api-key'"),
+        ([key, ("x-request-id", "a"), ("x-request-id", "b")], 400, "'x-request-id'"),
+        ([key, ("traceparent", "x"), ("traceparent", "y")], 400, "'traceparent'"),
+        ([key, ("transfer-encoding", "gzip, chunked")], 501, "'gzip'"),
+        ([key, ("transfer-encoding", "Chunked")], 400, "exactly 'chunked'"),
+    ]
+    for headers, status, needle in cases:
+        before = requests_counted(app)
+        response = client.post("/v2/models/digits-mlp/infer", json=v2_body(), headers=headers)
+        assert response.status_code == status, (headers, response.text)
+        assert needle in response.json()["error"], response.text
+        assert len(response.headers["x-request-id"]) == 16
+        closes = response.headers.get("connection") == "close"
+        assert closes == ("transfer-encoding" in dict(headers)), response.headers
+        assert requests_counted(app) == before + 1
+    assert client.get("/v2/health/ready", headers=[("x-api-key", KEYS["health"])]).is_success
 
 
 def assert_one_line_refusal(result: subprocess.CompletedProcess[str], needle: str) -> None:
