@@ -77,6 +77,12 @@ class PayloadTooLargeError(ServiceError):
     status_code = 413
 
 
+class RequestTimeoutError(ServiceError):
+    """A request body that did not arrive within GELU_BODY_TIMEOUT_SECONDS."""
+
+    status_code = REQUEST_TIMEOUT
+
+
 class UnsupportedMediaError(ServiceError):
     """A body in an encoding or media type the service does not read."""
 

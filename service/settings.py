@@ -222,7 +222,9 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="From the end of a request's headers to the end of its body; slower gets "
-        "408 and the connection is closed (gRPC: a call's one message, DEADLINE_EXCEEDED).",
+        "408 and the connection is closed (gRPC: a call's one message, DEADLINE_EXCEEDED). "
+        "Behind Ray Serve's proxy, from when the replica asks for the body: 408, the "
+        "connection Ray's.",
     )
     max_queue_size: int = Field(
         256,

@@ -123,6 +123,7 @@ def create_app(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,
         max_json_bytes=settings.max_json_bytes,
+        body_seconds=settings.body_timeout_seconds,
     )
     # The routers are included without a prefix: their routes' paths are the app's.
     direct = [*v1.router.routes, *v2.router.routes, *activations.router.routes]

@@ -12,10 +12,11 @@ from service import codecs
 from service.errors import (
     BadInputError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     ServiceError,
     UnsupportedMediaError,
 )
-from service.rest.middleware import ASGIApp, Message, Receive, Scope, Send, send_error
+from service.rest.middleware import BODY_TIMED, ASGIApp, Message, Receive, Scope, Send, send_error
 
 
 class BodyLimits:
@@ -28,9 +29,18 @@ class BodyLimits:
     before it is read, or as it streams in. A ``Content-Encoding: gzip`` or ``deflate`` body
     (tritonclient's request compression) is read whole, decompressed within the same limits (a
     decompression bomb stops at the limit, 413) and handed on decoded; another encoding is 415.
+
+    With ``body_seconds``, a body must arrive within that many seconds of being asked for, or
+    408, wherever the app is served: the service's own server bounds it per connection and says
+    so in the scope (``BODY_TIMED``); a host whose server does not (Ray Serve's proxy hands the
+    replica the request once its headers are in, and the body as it trickles) gets the bound
+    here, so a slow body cannot hold one of the replica's requests without end.
     """
 
-    def __init__(self, max_bytes: int, max_json_bytes: int) -> None:
+    def __init__(
+        self, max_bytes: int, max_json_bytes: int, body_seconds: float | None = None
+    ) -> None:
+        self.body_seconds = body_seconds
         self.max_bytes = max_bytes
         self.max_json_bytes = min(max_json_bytes, max_bytes)
         self.json_variable = (
@@ -58,6 +68,8 @@ class BodyLimits:
                 length = codecs.client_size(value)
             elif key == b"content-encoding" and value.lower() != b"identity":
                 encoding = value.lower()
+        if self.body_seconds is not None and BODY_TIMED not in scope:
+            receive = self._timed(receive, self.body_seconds)
         limit = self.max_bytes if binary else self.max_json_bytes
         what = "body" if binary else "JSON body"
         if length is not None and length > limit:
@@ -80,6 +92,30 @@ class BodyLimits:
         decoded = await self._decode(encoding, limited_receive, limit, what)
         describe_decoded(scope, len(decoded))
         return replay(decoded)
+
+    @staticmethod
+    def _timed(receive: Receive, seconds: float) -> Receive:
+        """``receive``, its body's messages due within ``seconds`` from now (408 after); what
+        comes after the body (a disconnect) is waited for as long as it takes."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        done = False
+
+        async def timed_receive() -> Message:
+            nonlocal done
+            if done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"the request's body did not arrive within {seconds:g} s "
+                    "(GELU_BODY_TIMEOUT_SECONDS)"
+                ) from None
+            done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        return timed_receive
 
     async def _decode(self, encoding: bytes, receive: Receive, limit: int, what: str) -> bytes:
         if encoding not in DECODERS:
@@ -110,9 +146,11 @@ class BodyLimits:
 class BodyLimitMiddleware:
     """``BodyLimits`` as pure ASGI middleware; a body they refuse is answered here."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_json_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_json_bytes: int, body_seconds: float | None = None
+    ) -> None:
         self.app = app
-        self.limits = BodyLimits(max_bytes, max_json_bytes)
+        self.limits = BodyLimits(max_bytes, max_json_bytes, body_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

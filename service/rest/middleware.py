@@ -40,6 +40,9 @@ CLIENT_GONE = "gelu.client_gone"
 # Set with the status the connection refused a request with mid-way (408 for a body too slow,
 # 413, 431) before closing it: counted with that status, not as a client that left.
 REFUSED = "gelu.refused"
+# Set by a server that holds a request's body to GELU_BODY_TIMEOUT_SECONDS itself
+# (service.rest.protocol); where it is absent (Ray Serve's proxy) the app holds the body to it.
+BODY_TIMED = "gelu.body_timed"
 # Where an endpoint records, in the request's scope, the model version that served it.
 SERVED_VERSION = "gelu.served_version"
 # A traced request's ``service.tracing.RequestTrace``, for its endpoint's stages.

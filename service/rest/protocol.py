@@ -64,6 +64,7 @@ from service.rest.connection import (
     sweep,
 )
 from service.rest.middleware import (
+    BODY_TIMED,
     CLIENT_GONE,
     REFUSED,
     TRANSFER_ENCODING,
@@ -306,6 +307,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # (it may hold an earlier pipelined request's body too), and it is one read at most.
         self._in_body, self._body_phase_bytes, self._chunks = True, -self._chunk_bytes, 0
         self._arm(limits.body_timeout_seconds, "body", "GELU_BODY_TIMEOUT_SECONDS")
+        # The body's deadline is kept here, per connection: the app need not keep its own.
+        self.scope[BODY_TIMED] = True  # type: ignore[literal-required]
         super().on_headers_complete()
         # uvicorn appends every field the parser reports to the list the scope holds as the
         # request's headers: trailer fields would grow it past the checks above and reach the

@@ -142,7 +142,9 @@ class DirectRoutes:
             (r.path_regex, r.methods or set(), r) for r in routes if isinstance(r, DirectRoute)
         ]
         settings = plane.settings
-        self.limits = BodyLimits(settings.max_body_bytes, settings.max_json_bytes)
+        self.limits = BodyLimits(
+            settings.max_body_bytes, settings.max_json_bytes, settings.body_timeout_seconds
+        )
         self._known = plane.knows_model
         self.plane = plane
 

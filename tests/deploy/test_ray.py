@@ -1,17 +1,23 @@
 """The service on a real two-node Ray cluster, started as a user starts one, driven through
 Ray's HTTP proxy: placement, answers, autoscaling, a replica killed under load, repository
-polling, and service-wide metrics from Ray's own export. The figures it measures are printed
-(``pytest -s``) and quoted in docs/deployment.md's "Scaling out"."""
+polling, and service-wide metrics from Ray's own export; and the cluster as an attacker on the
+network finds it (its nodes started in deploy/ray/node.env: Ray's token authentication on).
+The figures it measures are printed (``pytest -s``) and quoted in docs/deployment.md's
+"Scaling out"."""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import os
 import queue
+import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,10 +48,11 @@ BIN = Path(sys.executable).parent
 APP = "gelu-serve"
 REPLICA_CLASS = f"ServeReplica:{APP}:{APP}"
 # Replicas and proxies report load every second (default 10) so the test scales in seconds.
+NODE_ENV = ROOT / "deploy" / "ray" / "node.env"
+ADMIN_KEY = "ray-test-admin-key-" + "0" * 16
 RAY_ENV = {
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
     # The test sends everything through the head's proxy, which otherwise keeps requests on
     # its own node's replica while it has one (docs/deployment.md, "Where Ray sends a request").
     "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
@@ -60,19 +67,29 @@ class Cluster:
     http_port: int
     metrics_ports: list[int]
     grpc_port: int = 0
+    agent_port: int = 0
+    token: str = field(default_factory=lambda: secrets.token_hex(32))  # Ray's, for the cluster
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     up_seconds: float = 0.0
 
+    def env(self) -> dict[str, str]:
+        """The environment of a Ray command: node.env's, the test's, the cluster's token."""
+        return {**os.environ, **node_env(), **RAY_ENV, "RAY_AUTH_TOKEN": self.token}
+
+    def state(self, resource: str, filters: list[tuple[str, str, str]] | None = None) -> list:
+        """Ray's state API on the dashboard, with the cluster's token (this process runs no
+        Ray of its own to hold one)."""
+        from ray.util.state.api import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard, headers={"Authorization": f"Bearer {self.token}"})
+        options = ListApiOptions(filters=filters or [], detail=True)
+        return client.list(StateResource(resource), options, raise_on_missing_output=False)
+
     def replicas(self) -> list[dict]:
         """The live replicas of the application: node and pid of each."""
-        from ray.util.state import list_actors
-
-        actors = list_actors(
-            address=self.dashboard,
-            filters=[("class_name", "=", REPLICA_CLASS), ("state", "=", "ALIVE")],
-            detail=True,
-        )
-        return [{"node": a.node_id, "pid": a.pid} for a in actors]
+        filters = [("class_name", "=", REPLICA_CLASS), ("state", "=", "ALIVE")]
+        return [{"node": a.node_id, "pid": a.pid} for a in self.state("actors", filters)]
 
     def stop(self) -> None:
         """Tear the cluster down by process id: each ``ray start --block`` and everything it
@@ -94,11 +111,18 @@ class Cluster:
             process.wait(timeout=10)
 
 
-def ray_start(*args: str, log: Path) -> subprocess.Popen[bytes]:
+def node_env() -> dict[str, str]:
+    """deploy/ray/node.env: the environment the project's Ray nodes start in."""
+    lines = (line.strip() for line in NODE_ENV.read_text().splitlines())
+    pairs = (line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    return {name: value for name, value in pairs}
+
+
+def ray_start(cluster: Cluster, *args: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args],
-            cwd=ROOT, env={**os.environ, **RAY_ENV}, stdout=out, stderr=subprocess.STDOUT,
+            [str(BIN / "ray"), "start", "--block", *args],
+            cwd=ROOT, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
 
@@ -109,9 +133,9 @@ def ends(log: Path) -> Callable[[], str]:
 
 
 def reachable(url: str) -> bool:
-    """Whether a Ray dashboard at ``url`` (on loopback) answers."""
+    """Whether a Ray dashboard at ``url`` (on loopback) answers (its health needs no token)."""
     try:
-        return get(int(url.rsplit(":", 1)[1]), "/api/version", timeout=2)[0] == 200
+        return get(int(url.rsplit(":", 1)[1]), "/api/gcs_healthz", timeout=2)[0] == 200
     except OSError:
         return False
 
@@ -123,16 +147,20 @@ def cluster() -> Iterator[Cluster]:
     gcs, dashboard = free_port(), free_port()
     metrics = [free_port(), free_port()]
     started = Cluster(f"http://127.0.0.1:{dashboard}", free_port(), metrics, free_port())
+    started.agent_port = free_port()
     try:
         began = time.monotonic()
         started.processes.append(
             ray_start(
+                started,
                 "--head",
                 f"--port={gcs}",
                 "--num-cpus=1",
                 f"--temp-dir={temp}",
                 "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={dashboard}",
+                f"--dashboard-agent-listen-port={started.agent_port}",
                 f"--metrics-export-port={metrics[0]}",
                 log=temp / "head.log",
             )
@@ -141,6 +169,7 @@ def cluster() -> Iterator[Cluster]:
         wait_until(up, 180, 0.5, "the head node", ends(temp / "head.log"))
         started.processes.append(
             ray_start(
+                started,
                 f"--address=127.0.0.1:{gcs}",
                 "--num-cpus=1",
                 "--node-ip-address=127.0.0.1",
@@ -148,7 +177,7 @@ def cluster() -> Iterator[Cluster]:
                 log=temp / "node.log",
             )
         )
-        two = lambda: len(alive_nodes(started.dashboard)) == 2  # noqa: E731
+        two = lambda: len(alive_nodes(started)) == 2  # noqa: E731
         wait_until(two, 180, 0.5, "two nodes", ends(temp / "node.log"))
         started.up_seconds = time.monotonic() - began
         yield started
@@ -157,18 +186,16 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def alive_nodes(dashboard: str) -> list[str]:
-    from ray.util.state import list_nodes
-
+def alive_nodes(cluster: Cluster) -> list[str]:
     try:
-        return [n.node_id for n in list_nodes(address=dashboard) if n.state == "ALIVE"]
+        return [n.node_id for n in cluster.state("nodes") if n.state == "ALIVE"]
     except Exception:  # the state API is not up yet
         return []
 
 
-def serve_config(repository: Path, http_port: int, grpc_port: int) -> dict:
-    """The shipped deploy/ray/serve.yaml, pointed at the test's repository and ports, with
-    delays short enough for a test."""
+def serve_config(repository: Path, http_port: int, grpc_port: int, admin_keys: Path) -> dict:
+    """The shipped deploy/ray/serve.yaml, pointed at the test's repository, ports and admin
+    keys, with delays short enough for a test."""
     config = yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
     config["http_options"]["port"] = http_port
     config["grpc_options"]["port"] = grpc_port
@@ -177,6 +204,10 @@ def serve_config(repository: Path, http_port: int, grpc_port: int) -> dict:
         GELU_MODEL_REPOSITORY=str(repository),
         GELU_REPOSITORY_POLL_SECONDS="1",
         GELU_WARMUP_RUNS="1",
+        GELU_BODY_TIMEOUT_SECONDS="2",
+        GELU_RESTRICTED_API=application["runtime_env"]["env_vars"]["GELU_RESTRICTED_API"].replace(
+            "file:/run/secrets/gelu-admin-keys", f"file:{admin_keys}"
+        ),
     )
     (deployment,) = application["deployments"]
     deployment["autoscaling_config"].update(
@@ -291,6 +322,47 @@ def render(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def test_the_shipped_cluster_turns_on_rays_token_authentication_and_bounds() -> None:
+    """CVE-2023-48022 / GHSA-gx77-xgc2-4888: the environment every node starts in turns on
+    Ray's token authentication; Ray's gRPC proxy, which decodes (and inflates) a message of up
+    to 2 GiB before a replica sees it, is held to the replicas' own GELU_MAX_BODY_BYTES."""
+    from service.settings import Settings
+
+    env = node_env()
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert (
+        int(env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"])
+        == Settings.model_fields["max_body_bytes"].default
+    )
+    assert "RAY_AUTH_TOKEN" not in env  # the secret is each node's, never the repository's
+
+
+def test_the_shipped_proxies_are_bounded_and_control_restricted(tmp_path: Path) -> None:
+    """Ray's HTTP proxy is a uvicorn without the service's connection bounds: it keeps the
+    service's idle bound (not Ray's 90 s) and ends every request after the replicas' own
+    bounds (body, queue) have had their say. The gRPC proxy has no such end: Ray counts it over
+    a stream's whole life, and would end busy ModelStreamInfer calls. The proxies listen beyond
+    loopback (the gRPC one on every interface whatever the config says), so model control,
+    tracing and logging take a key (TorchServe CVE-2024-35199; Triton CVE-2024-0087)."""
+    from service.auth import parse
+    from service.settings import Settings
+
+    config = yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
+    defaults = {name: f.default for name, f in Settings.model_fields.items()}
+    http_options, grpc_options = config["http_options"], config["grpc_options"]
+    assert http_options["keep_alive_timeout_s"] == defaults["keep_alive_seconds"]
+    floor = defaults["body_timeout_seconds"] + defaults["default_timeout_us"] / 1e6
+    assert floor < http_options["request_timeout_s"] < 10 * floor
+    assert "request_timeout_s" not in grpc_options
+    (application,) = config["applications"]
+    keys = tmp_path / "keys"  # the key files are each node's: one of the test's stands in
+    keys.write_text(ADMIN_KEY + "\n")
+    restricted_api = application["runtime_env"]["env_vars"]["GELU_RESTRICTED_API"]
+    groups = parse(re.sub(r"file:[^;|]+", f"file:{keys}", restricted_api))
+    restricted = {c for group in groups for c in group.classes}
+    assert {"model-repository", "trace", "logging"} <= restricted
+
+
 def test_readme_quotes_the_recorded_run() -> None:
     import json as json_
 
@@ -298,14 +370,132 @@ def test_readme_quotes_the_recorded_run() -> None:
     assert block(readme, README_BLOCK) == render(json_.loads(FIGURES.read_text()))
 
 
+def slow_body(port: int, wait: float) -> tuple[int, bytes]:
+    """A V1 request through Ray's proxy whose body stops after its first bytes: the status and
+    body of the answer, read within ``wait`` seconds (0 and b"" if none came)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(
+            b"POST /v1/models/digits-mlp:predict HTTP/1.1\r\nHost: x\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"inst'
+        )
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                piece = sock.recv(65536)
+                if not piece:
+                    break
+                answer += piece
+    if not answer:
+        return 0, b""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def attack_the_faces(cluster: Cluster) -> None:
+    """What a client on the network gets from the proxies, which listen beyond loopback: each
+    request reaches the replica's one envelope, with its credentials, limits and error shape.
+    Published classes (docs/security.md, "Ray Serve (third audit)"); each names its advisory."""
+    import grpc
+
+    from service.grpc import inference_pb2 as pb
+    from service.grpc import inference_pb2_grpc as pb_grpc
+
+    http_port, grpc_port = cluster.http_port, cluster.grpc_port
+    # TorchServe CVE-2024-35199 (control on every interface), Triton CVE-2024-0087 (logging
+    # set over the API): the shipped config restricts control, tracing and logging, on both
+    # proxies; with the key they answer.
+    for path in ("/v2/logging", "/v2/trace/setting", "/v2/repository/index"):
+        method = "POST" if path.endswith("index") else "GET"
+        status, body = request_json(http_port, method, path)
+        assert status == 401 and list(body) == ["error"], (path, status, body)
+    assert request_json(http_port, "GET", "/v2/logging", {"x-admin-key": ADMIN_KEY})[0] == 200
+    with grpc.insecure_channel(
+        f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", -1)]
+    ) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        index = stub.RepositoryIndex(
+            pb.RepositoryIndexRequest(), metadata=[("x-admin-key", ADMIN_KEY)], timeout=30
+        )
+        assert "digits-mlp" in {m.name for m in index.models}
+        # Oversized messages (Triton CVE-2025-23310/23311's class; gRPC's compression bombs,
+        # CWE-409): Ray's proxy decodes, and inflates, up to 2 GiB before a replica sees a
+        # message; node.env holds it to GELU_MAX_BODY_BYTES, refused there by grpcio's core
+        # (the replica's own refusal names the setting).
+        bound = int(node_env()["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"])
+        request = pb.ModelInferRequest(model_name="digits-mlp", raw_input_contents=[bytes(bound)])
+        with pytest.raises(grpc.RpcError) as too_large:
+            stub.ModelInfer(request, timeout=60)
+        assert too_large.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "GELU_MAX_BODY_BYTES" not in str(too_large.value.details())
+    # A model name that climbs out of the repository (Triton CVE-2023-31036): 404 in shape, or
+    # 401 where the path names no route (restricted groups set: it needs every group's key).
+    for name, expected in (("%2e%2e", 404), ("..%2F..%2Fetc", 401), ("digits-mlp%2F..", 401)):
+        status, body = request_json(http_port, "GET", f"/v2/models/{name}")
+        assert status == expected and list(body) == ["error"], (name, status, body)
+    # A decompression bomb (CWE-409): the replica's limit, 413 in shape.
+    bomb = gzip.compress(bytes(256 << 20), 9)
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/octet-stream"}
+    status, body = request_json(http_port, "POST", "/v1/models/digits-mlp:predict", headers, bomb)
+    assert status == 413 and list(body) == ["error"], (status, body)
+    # A slow body (Slowloris, CVE-2007-6750's class): Ray's proxy hands the replica the
+    # request and the body as it trickles, with no deadline; held without end, each took one
+    # of the replica's max_ongoing_requests. The app's own deadline answers it (the test's
+    # GELU_BODY_TIMEOUT_SECONDS=2, well before Ray's request_timeout_s).
+    status, raw = slow_body(http_port, wait=30)
+    assert status == 408 and b"GELU_BODY_TIMEOUT_SECONDS" in raw, (status, raw)
+    assert list(json.loads(raw)) == ["error"]
+
+
+def request_json(
+    port: int, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> tuple[int, dict]:
+    """One request through Ray's HTTP proxy: its status and JSON body."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow  # the module's Ray cluster (started once, for both of its tests)
+def test_rays_control_plane_refuses_a_stranger(cluster: Cluster, tmp_path: Path) -> None:
+    """CVE-2023-48022 ("ShadowRay"): Ray's job API runs any command it is given, on the
+    dashboard (the head) and on every node's agent, which listens on the node's address
+    whatever ``--dashboard-host`` says; GHSA-gx77-xgc2-4888: Ray's token authentication is
+    off unless RAY_AUTH_MODE=token. In deploy/ray/node.env's environment both refuse a job
+    without the cluster's token (401) or with another (403), as does Serve's REST API (which
+    deploys any import path; CVE-2026-27482 shut it down by DELETE); with it, the API answers."""
+    pwned = tmp_path / "pwned"  # what a job that ran would leave
+    job = json.dumps({"entrypoint": f"touch {pwned}"}).encode()
+    dashboard = int(cluster.dashboard.rsplit(":", 1)[1])
+    targets = [
+        (dashboard, "POST", "/api/jobs/", job),
+        (cluster.agent_port, "POST", "/api/job_agent/jobs/", job),
+        (dashboard, "DELETE", "/api/serve/applications/", b""),
+        (dashboard, "GET", "/api/serve/applications/", b""),
+    ]
+    for port, method, path, body in targets:
+        for headers, expected in (({}, 401), ({"Authorization": "Bearer " + "f" * 64}, 403)):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            connection.request(method, path, body=body, headers=headers)
+            status = connection.getresponse().status
+            connection.close()
+            assert status == expected, (port, method, path, headers, status)
+    assert not pwned.exists()
+    # With the token, the same API answers: it is the credential, not a closed port.
+    owned = {"Authorization": f"Bearer {cluster.token}"}
+    assert request_json(dashboard, "GET", "/api/serve/applications/", owned)[0] == 200
+
+
 def served_per_node(cluster: Cluster) -> dict[str, float]:
     """Requests each node's replicas answered (Ray's per-replica counter, every replica that
     ever ran, killed ones included), by node."""
-    from ray.util.state import list_actors
-
-    actors = list_actors(
-        address=cluster.dashboard, filters=[("class_name", "=", REPLICA_CLASS)], detail=True
-    )
+    actors = cluster.state("actors", [("class_name", "=", REPLICA_CLASS)])
     node_of = {str(a.name).rsplit("#", 1)[-1]: str(a.node_id) for a in actors}
     served: dict[str, float] = {}
     for port in cluster.metrics_ports:
@@ -323,14 +513,15 @@ def test_the_service_on_a_two_node_ray_cluster(
 ) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(model_repository, repository)
+    admin_keys = tmp_path / "admin-keys"
+    admin_keys.write_text(ADMIN_KEY + "\n")
     config = tmp_path / "serve.yaml"
-    config.write_text(
-        yaml.safe_dump(serve_config(repository, cluster.http_port, cluster.grpc_port))
-    )
+    settings = serve_config(repository, cluster.http_port, cluster.grpc_port, admin_keys)
+    config.write_text(yaml.safe_dump(settings))
     began = time.monotonic()
     subprocess.run(
         [str(BIN / "serve"), "deploy", str(config), "--address", cluster.dashboard],
-        cwd=ROOT, check=True, capture_output=True, env={**os.environ, **RAY_ENV},
+        cwd=ROOT, check=True, capture_output=True, env=cluster.env(),
     )  # fmt: skip
     client = Client(cluster.http_port, retry=False)
 
@@ -358,6 +549,8 @@ def test_the_service_on_a_two_node_ray_cluster(
     np.testing.assert_array_equal(np.array(probabilities["data"], np.float32), expected.ravel())
     status, bad = client.post("/v1/models/digits-mlp:predict", {"instances": [[1, 2]]})
     assert status == 400 and list(bad) == ["error"]
+
+    attack_the_faces(cluster)
 
     # gRPC through Ray's gRPC proxy, tritonclient unmodified: the same answer, the core's
     # status codes.
@@ -396,7 +589,7 @@ def test_the_service_on_a_two_node_ray_cluster(
 
         replicas = wait_until(two_replicas, 90, 0.5, "two replicas")
         figures["scale_up_s"] = time.monotonic() - scaled
-        assert {r["node"] for r in replicas} == set(alive_nodes(cluster.dashboard))
+        assert {r["node"] for r in replicas} == set(alive_nodes(cluster))
 
         # Requests answered on each node, read while both replicas serve and before the kill: a
         # replica's counter leaves Ray's export when the replica stops, and the replacement may

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import json
 import threading
 import time
 import zlib
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,8 @@ import pytest
 
 from service.errors import BadInputError, PayloadTooLargeError
 from service.rest.body import INLINE_DECODE_BYTES, BodyLimits, decompress
-from tests.helpers import DIGITS, assert_error
+from service.rest.middleware import BODY_TIMED
+from tests.helpers import DIGITS, assert_error, service_settings
 from tests.servers import connect, get, read_all, request_bytes, running, status_and_error
 
 V1 = "/v1/models/digits-mlp:predict"
@@ -235,3 +238,71 @@ def test_bad_compressed_bodies(client, encoding, body, status, needle) -> None:
     )
     assert_error(response, status, needle)
     assert client.get("/v2/health/live").status_code == 200
+
+
+def slow_body_scope(path: str, timed: bool) -> dict[str, Any]:
+    """A request whose body is promised (Content-Length) as a host's ASGI server hands it over;
+    ``timed``: a server that holds the body to its deadline itself, as the service's own."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"1000")]
+    scope: dict[str, Any] = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}  # fmt: skip
+    if timed:
+        scope[BODY_TIMED] = True
+    return scope
+
+
+@pytest.mark.parametrize("path", [V1, "/v2/repository/models/digits-mlp/load"])
+def test_a_host_that_does_not_time_bodies_gets_the_apps_408(
+    model_repository: Path, path: str
+) -> None:
+    """Ray Serve's proxy hands a replica the request once its headers are in and the body as
+    it comes, with no deadline of its own: a body that stopped coming held one of the
+    replica's requests (``max_ongoing_requests``) for as long as the client kept the
+    connection (Slowloris, CVE-2007-6750's class). The app holds such a body to
+    GELU_BODY_TIMEOUT_SECONDS itself: 408 in the one error shape, counted as 408, on a direct
+    route and a FastAPI one. Under a server that times bodies itself (``BODY_TIMED``: the
+    service's own), the app leaves it to that server."""
+    from service.rest.app import create_app
+
+    seconds = 0.3
+    app = create_app(service_settings(model_repository, body_timeout_seconds=seconds))
+
+    async def call(timed: bool, late: float | None) -> tuple[int, bytes, float]:
+        """The app's answer to a body of which a part comes, then (``late``) the rest after
+        that many seconds, or never."""
+        sent: list[dict[str, Any]] = []
+        parts = [{"type": "http.request", "body": b"{" + b" " * 498, "more_body": True}]
+
+        async def receive() -> dict[str, Any]:
+            if parts:
+                return parts.pop(0)
+            if late is None:
+                await asyncio.Event().wait()  # the rest never comes
+            else:
+                await asyncio.sleep(late)
+            late_part = {"type": "http.request", "body": b" " * 500 + b"}", "more_body": False}
+            return late_part if not sent else {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
+
+        began = time.monotonic()
+        async with asyncio.timeout(seconds * 20):  # a hang fails here
+            await app(slow_body_scope(path, timed), receive, send)
+        return sent[0]["status"], sent[1]["body"], time.monotonic() - began
+
+    async def main() -> list[tuple[int, bytes, float]]:
+        async with app.router.lifespan_context(app):
+            return [await call(False, None), await call(True, seconds * 2)]
+
+    (status, body, took), (timed_status, timed_body, timed_took) = asyncio.run(main())
+    assert status == 408 and b"GELU_BODY_TIMEOUT_SECONDS" in body
+    assert set(json.loads(body)) == {"error"}
+    assert took < timed_took  # the untimed host's answer came at the app's deadline
+    # The service's own server times the body: the app waited past its deadline for it, and
+    # the route answered what came (a refusal of its content, not of its time).
+    assert timed_status != 408 and set(json.loads(timed_body)) == {"error"}
+    exposition = app.state.dataplane.metrics.exposition().decode()
+    assert any('code="408"' in line for line in exposition.splitlines())
