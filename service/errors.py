@@ -89,12 +89,6 @@ class UnsupportedMediaError(ServiceError):
     status_code = 415
 
 
-class NotImplementedCodingError(ServiceError):
-    """A transfer coding the server does not implement: RFC 9112 6.1's 501."""
-
-    status_code = 501
-
-
 class NotReadyError(ServiceError):
     """The service or model is not ready to serve."""
 

@@ -14,7 +14,6 @@ REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
-    501: b"Not Implemented",
     503: b"Service Unavailable",
 }
 

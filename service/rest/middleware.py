@@ -17,7 +17,6 @@ from starlette.responses import Response
 from service import codecs
 from service.errors import (
     BadInputError,
-    NotImplementedCodingError,
     ServiceError,
     StartupError,
 )
@@ -165,10 +164,10 @@ def open_request(scope: Scope, once: frozenset[bytes]) -> None:
 
 def transfer_coding_refusal(lines: list[bytes]) -> ServiceError | None:
     """The refusal of a request whose Transfer-Encoding field lines are ``lines``, or None
-    for the one form read without doubt: one line, exactly ``chunked``. A coding other than
-    chunked is 501 (RFC 9112 6.1; h11, uvicorn's other parser, answers the same); chunked in
-    another case, twice or among empty list elements is 400. Either closes the connection:
-    a front end that read the framing otherwise would take what follows for a request.
+    for the one form read without doubt: one line, exactly ``chunked``; any other is 400 and
+    closes the connection (a front end that read the framing otherwise would take what follows
+    for a request). RFC 9112 6.1 suggests 501 for a coding the server does not implement (h11
+    answers so); here every client's mistake is a 4xx, as a proxy counts it.
 
     httptools reads ``gzip, chunked``, ``Chunked`` and ``identity, chunked`` as a chunked
     body, dropping the other codings, which a proxy may have applied or ignored (gunicorn's
@@ -180,7 +179,7 @@ def transfer_coding_refusal(lines: list[bytes]) -> ServiceError | None:
     codings = [c.strip(b" \t").lower() for line in lines for c in line.split(b",")]
     other = sorted({c.decode("latin-1") for c in codings if c and c != CHUNKED})
     if other:
-        return NotImplementedCodingError(
+        return BadInputError(
             f"Transfer-Encoding {', '.join(map(repr, other))} is not implemented: send "
             "'Transfer-Encoding: chunked' alone, or a Content-Length",
             close,

@@ -11,8 +11,7 @@ from a ``GELU_*`` setting (``ConnectionLimits``):
 - a request's headers complete within ``header_timeout_seconds`` of its first byte, its body
   within ``body_timeout_seconds`` of its headers (else 408 and closed);
 - at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431);
-- a Transfer-Encoding other than ``chunked`` alone refused (501 for another coding, else
-  400) before its body is read;
+- a Transfer-Encoding other than ``chunked`` alone refused (400) before its body is read;
 - a chunked body's framing (size lines, chunk extensions, trailer fields) at most
   ``FRAMING_PER_CHUNK`` bytes per chunk beyond ``max_header_bytes`` (431); its trailer fields
   are dropped, never added to the request's headers.
