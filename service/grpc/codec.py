@@ -36,6 +36,17 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+# Each typed field's own element type (the protocol buffer's): values arrive within it, and
+# narrow to the declared datatype through the codecs' range check, as JSON data does.
+FIELD_DTYPES = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
 
 
 def parameter_values(parameters: Any) -> dict[str, Any]:
@@ -83,9 +94,12 @@ def _input(tensor: Any, raw: bytes | None) -> RequestInput:
         raise BadInputError(
             f"{what}: contents hold {len(values)} values but shape {shape} needs {count}"
         )
-    array = np.fromiter(values, dtype=V2_TO_NUMPY[datatype], count=count)
+    # Read as the field's own type: numpy refuses an int_contents value past INT8's range
+    # with an OverflowError (a client's mistake answered INTERNAL), never a ServiceError.
+    array = np.fromiter(values, dtype=FIELD_DTYPES[field], count=count)
     if array.dtype.kind == "f" and not codecs.all_finite(array):
         raise BadInputError(f"{what}: contents hold NaN or infinity")
+    array = codecs.cast(array, V2_TO_NUMPY[datatype], what)
     return RequestInput(array.reshape(shape), tensor.name, datatype)
 
 
