@@ -100,6 +100,9 @@ def formatter(kind: str) -> logging.Formatter:
     return logging.Formatter(TEXT)
 
 
+MAX_VERBOSE = 2**32 - 1  # log_verbose_level's largest, a uint32 as Triton's
+
+
 class LogControl(logging.Filter):
     """Triton's log settings, applied to the ``gelu_serve`` logger: a filter that drops the
     severities turned off and stamps each record with its request id. Logging is the
@@ -186,8 +189,12 @@ class LogControl(logging.Filter):
                 raise BadInputError(f"log_format must be one of {', '.join(FORMATS)}")
             return value
         if name == "log_verbose_level":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BadInputError("log_verbose_level must be a non-negative integer")
+            # Triton's type is uint32: a larger level set over HTTP made every later gRPC
+            # LogSettings answer INTERNAL (its uint32_param refused the value).
+            if type(value) is not int or not 0 <= value <= MAX_VERBOSE:  # type(): not a bool
+                raise BadInputError(
+                    f"log_verbose_level must be a non-negative integer <= {MAX_VERBOSE}"
+                )
             return value
         if not isinstance(value, bool):
             raise BadInputError(f"{name} must be true or false")

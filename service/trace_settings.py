@@ -91,9 +91,13 @@ class TraceSettings:
                 )
             return levels
         number = value[0] if isinstance(value, list) and len(value) == 1 else value
+        # An integer or its decimal string (Triton's answers are strings): int() alone read
+        # true as 1 and 1.5 as 1, a client's mistake taken for a setting.
         try:
+            if type(number) not in (int, str):
+                raise ValueError(number)
             parsed = int(number)
-        except (TypeError, ValueError):
+        except ValueError:
             raise BadInputError(f"{name} must be an integer, got {value!r}") from None
         least = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[name]
         if parsed < least:

@@ -90,6 +90,8 @@ def test_log_settings_read_and_change(client: TestClient, verbose_off: None) -> 
         ({"log_level": 1}, "unknown log setting 'log_level'"),
         ({"log_info": "yes"}, "log_info must be true or false"),
         ({"log_verbose_level": -1}, "non-negative integer"),
+        ({"log_verbose_level": 2**32}, "non-negative integer <= 4294967295"),  # Triton's uint32
+        ({"log_verbose_level": 1.0}, "non-negative integer"),
         ({"log_format": "xml"}, "log_format must be one of default, ISO8601, json"),
         ({"log_file": "/tmp/x"}, "log_file: logs go to standard error"),
         ({"log_info": False, "log_format": "xml"}, "log_format"),

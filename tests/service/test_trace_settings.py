@@ -65,6 +65,9 @@ def test_trace_settings_change_which_requests_are_traced(settings_factory, monke
         ({"trace_level": ["TENSORS"]}, "TENSORS is not traced here"),
         ({"trace_rate": "0"}, "trace_rate must be at least 1"),
         ({"trace_count": "x"}, "trace_count must be an integer"),
+        ({"trace_rate": True}, "trace_rate must be an integer"),  # not 1
+        ({"trace_rate": 1.5}, "trace_rate must be an integer"),  # not 1
+        ({"trace_count": ["1", "2"]}, "trace_count must be an integer"),
         ({"trace_file": "/tmp/t"}, "unknown trace setting 'trace_file'"),
         ({"trace_rate": None}, "only a model's setting can be cleared"),
         ({"trace_mode": "triton"}, "only opentelemetry"),
