@@ -137,26 +137,40 @@ def test_the_byte_budget_holds_under_unique_inputs() -> None:
     assert cache.get(huge) is None and cache.used <= cache.budget
 
 
-@pytest.mark.parametrize("outputs", [1, 3])
-def test_the_budget_counts_what_small_answers_really_hold(outputs: int) -> None:
-    """A cache filled with the smallest answers (one-element input and outputs) holds, as
-    tracemalloc counts it, no more than its budget says: with 256 bytes counted per entry it
-    held twice its budget (CWE-770: memory a client's distinct requests grow past its bound)."""
+SMALL_ENTRIES = {
+    "one output": (1, 1),
+    "three outputs": (3, 1),
+    "BYTES input of 200 values": (1, 200),
+}
+PUTS = 40_000  # each of a one-element input; a tenth as many of a BYTES one
+
+
+@pytest.mark.parametrize(("outputs", "values"), SMALL_ENTRIES.values(), ids=SMALL_ENTRIES)
+def test_the_budget_counts_what_small_answers_really_hold(outputs: int, values: int) -> None:
+    """A cache filled with the smallest answers (one-element outputs; a one-element input, or
+    a BYTES input of short values) holds, as tracemalloc counts it, no more than its budget
+    says: counted as 256 bytes beside the arrays' data and each BYTES value's length, it held
+    three to four times its budget (CWE-770: memory that distinct requests grow past its
+    bound)."""
     import tracemalloc
 
     owner = object()
     cache = ResponseCache(budget=4 << 20)
-    values = np.random.default_rng(0).random((40_000, 1, 1), dtype=np.float32)
+    rng = np.random.default_rng(0)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for value in values:
-            answer = {f"out{i}": np.zeros((1, 1), np.float32) for i in range(outputs)}
-            cache.put(cache.key((owner,), {"input": value}, None), answer, (owner,))
+        for i in range(PUTS if values == 1 else PUTS // 10):
+            if values == 1:
+                given = rng.random((1, 1), dtype=np.float32)
+            else:
+                given = np.array([b"%d-%d" % (i, j) for j in range(values)], dtype=object)
+            answer = {f"out{k}": np.zeros((1, 1), np.float32) for k in range(outputs)}
+            cache.put(cache.key((owner,), {"input": given}, None), answer, (owner,))
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(cache) < len(values)  # the budget, not the inputs, bounded it
+    assert len(cache) < (PUTS if values == 1 else PUTS // 10)  # the budget bounded it
     assert held <= cache.budget * 1.15, (held, cache.used)  # 1.15: a dict between resizes
 
 
