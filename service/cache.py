@@ -35,7 +35,15 @@ Outputs = dict[str, np.ndarray]
 # The key: (owners' ids, outputs asked for, then name, dtype, shape, contents of each input).
 Key = tuple[Any, ...]
 INPUT = 4  # the key's items per input, after the owners' ids and the outputs asked for
-ENTRY_OVERHEAD = 256  # bytes counted per entry beside its arrays: key, dict, array headers
+# Bytes counted per entry beside its arrays' data, and per kept array beside its data: what
+# Python and numpy allocate for them (tracemalloc over 20,000 entries of one-element arrays:
+# 734 B per entry with one array, 177 more per array; the dict table's slack on top). 256 in
+# all made a cache of small answers hold twice its budget (tests/service/test_cache.py).
+ENTRY_OVERHEAD = 640
+ARRAY_OVERHEAD = 176
+# Per value of a BYTES input its key holds: the bytes object's header (33, rounded up by the
+# allocator) and the tuple's slot; its length alone made such a cache hold 4x its budget.
+VALUE_OVERHEAD = 48
 EXACT_BYTES = 64 * 1024  # inputs up to this size are keyed by their bytes, above by a digest
 
 
@@ -50,13 +58,16 @@ def _contents(array: np.ndarray) -> Any:
 
 
 def _held(key: Key) -> int:
-    """The input bytes a key holds (a BYTES value: its length, or 8 if it has none)."""
+    """The input bytes a key holds (a BYTES value: its length and ``VALUE_OVERHEAD``)."""
     held = 0
     for contents in key[2 + INPUT - 1 :: INPUT]:
         if type(contents) is bytes:
             held += len(contents)
         else:
-            held += sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in contents)
+            held += sum(
+                len(v) + VALUE_OVERHEAD if isinstance(v, (bytes, str)) else VALUE_OVERHEAD
+                for v in contents
+            )
     return held
 
 
@@ -111,7 +122,7 @@ class ResponseCache:
             # keyword-only; numpy takes it either way).
             copy.setflags(False)  # type: ignore[call-arg]
             kept[name] = copy
-            size += copy.nbytes
+            size += copy.nbytes + ARRAY_OVERHEAD
         if size > self.budget:
             return
         entry = (kept, size)

@@ -13,6 +13,7 @@ from service.settings import Settings
 REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
+    429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
 }

@@ -12,6 +12,8 @@ from a ``GELU_*`` setting (``ConnectionLimits``):
   within ``body_timeout_seconds`` of its headers (else 408 and closed);
 - at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431);
 - a Transfer-Encoding other than ``chunked`` alone refused (400) before its body is read;
+- at most ``PIPELINE_DEPTH`` pipelined requests waiting behind the one being answered, and
+  nothing more read while any wait (one more: 429 once those are answered, and closed);
 - a chunked body's framing (size lines, chunk extensions, trailer fields) at most
   ``FRAMING_PER_CHUNK`` bytes per chunk beyond ``max_header_bytes`` (431); its trailer fields
   are dropped, never added to the request's headers.
@@ -77,6 +79,10 @@ TESTED_UVICORN = "0.54.0"
 # extension. Beyond it, extensions and trailer fields are bytes the parser reads (and httptools
 # buffers, for a trailer field) that no body limit counts.
 FRAMING_PER_CHUNK = 64
+# Requests a connection may have parsed and waiting behind the one being answered; one more is
+# refused (429) once those are answered, and the connection closed (Node.js CVE-2013-4450: a
+# client pipelining without reading the answers; nginx closes such a connection too).
+PIPELINE_DEPTH = 32
 # Where a request's trailer fields go once its headers are whole: nowhere (one for every
 # connection, as it holds nothing).
 DROPPED: deque[tuple[bytes, bytes]] = deque(maxlen=0)
@@ -276,6 +282,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # Counted once the headers are parsed, not per header (a Python call per header costs
         # more than this pass); a flood of header bytes is bounded earlier, in data_received.
         limits, headers = self.limits, self.headers
+        if len(self.pipeline) >= PIPELINE_DEPTH:  # uvicorn would queue it behind them
+            raise _Refusal(
+                429, f"more than {PIPELINE_DEPTH} requests pipelined ahead of their answers: "
+                "read the answers, or open another connection"
+            )  # fmt: skip
         if len(headers) > limits.max_headers:
             raise _Refusal(431, f"more than {limits.max_headers} headers (GELU_MAX_HEADERS)")
         # The headers came in the data received since they began: when that is within the
@@ -338,8 +349,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline_phase = (seconds, what, variable)  # the message is built if it is needed
 
     def check_deadline(self, now: float) -> None:
-        """Refuse the request (408) if its current phase is past its deadline."""
-        if self._deadline is not None and now > self._deadline:
+        """Refuse the request (408) if its current phase is past its deadline; not while
+        requests wait in the pipeline, when this one is not being read (``ReadWhenAsked``)."""
+        if self._deadline is not None and now > self._deadline and not self.pipeline:
             seconds, what, variable = self._deadline_phase
             self._refuse(
                 408, f"the request's {what} did not arrive within {seconds:g} s ({variable})"
@@ -406,15 +418,24 @@ class ReadWhenAsked(FlowControl):
     def __init__(self, transport: asyncio.Transport, http: GuardedHttpProtocol) -> None:
         super().__init__(transport)
         self.http = http
+        self.held_for_pipeline = False  # reading stayed paused while requests were pipelined
 
     def resume_reading(self) -> None:
         http = self.http
-        if http._body_undecided and not http.pipeline:
+        if http.pipeline:
+            # uvicorn reads on after every answer, and parses a whole read (64 KiB: thousands
+            # of small requests) into the pipeline: nothing more is read while it holds any.
+            self.held_for_pipeline = self.read_paused
+            return
+        if http._body_undecided:
             http._body_undecided = False
             http._read_rest_of_body()
         if self.read_paused:  # as uvicorn's
             self.read_paused = False
             self._transport.resume_reading()
+            if self.held_for_pipeline and http._deadline is not None:
+                http._arm(*http._deadline_phase)  # its phase's time starts as reading does
+        self.held_for_pipeline = False
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:

@@ -8,6 +8,7 @@ refuses to send them. Each case names the advisory its class comes from."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import pickle
@@ -233,6 +234,47 @@ def test_the_service_imports_no_deserialiser_of_code() -> None:
             )  # fmt: skip
             found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in unsafe]
     assert not found, found
+
+
+def test_a_pipeline_flood_is_held_to_a_few_requests_per_connection(faces: ServedFaces) -> None:
+    """Node.js CVE-2013-4450 (a client pipelines requests and never reads the answers: the
+    server parsed and queued every one). uvicorn parsed each read of 64 KiB into a request
+    object per request and read on after every answer: 40 connections of 4,000 pipelined
+    GETs each grew the server by 289 MiB. Now a connection holds at most ``PIPELINE_DEPTH``
+    requests behind the one being answered and reads no more while any wait; one more is
+    refused with 429 in the one error shape once those are answered, and the connection
+    closed."""
+    from service.rest.protocol import PIPELINE_DEPTH
+
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    answered = read_all_of(faces.http_port, live * (PIPELINE_DEPTH + 2))
+    assert [a[:3] for a in answered] == [b"200"] * (PIPELINE_DEPTH + 1) + [b"429"]
+    body = json.loads(answered[-1].partition(b"\r\n\r\n")[2])
+    assert list(body) == ["error"] and "pipelined" in body["error"], body
+
+    pid = faces.process.pid
+    before = _vm(pid, "VmRSS:")
+    held = []
+    for _ in range(40):
+        sock = connect(faces.http_port)
+        sock.settimeout(2)
+        with contextlib.suppress(OSError):  # the server stopped reading: the rest waits
+            sock.sendall(live * 4000)
+        held.append(sock)
+    try:
+        assert get(faces.http_port, "/v2/health/live", timeout=30)[0] == 200
+        grown = _vm(pid, "VmRSS:") - before
+    finally:
+        for sock in held:
+            sock.close()
+    assert grown < 24 << 20, f"{grown >> 20} MiB for 40 pipelining connections"
+
+
+def read_all_of(port: int, data: bytes) -> list[bytes]:
+    """Each answer (status line on) to ``data`` sent in one write, until the server closes."""
+    with connect(port) as sock:
+        sock.sendall(data)
+        return read_all(sock).split(b"HTTP/1.1 ")[1:]
 
 
 def test_control_characters_never_forge_a_log_line(model_repository: Path) -> None:

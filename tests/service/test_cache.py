@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from export.defaults import DEFAULT_ENSEMBLE, default_ensemble, write_ensemble
-from service.cache import ENTRY_OVERHEAD, ResponseCache
+from service.cache import ARRAY_OVERHEAD, ENTRY_OVERHEAD, ResponseCache
 from service.control import ModelControl
 from service.dataplane import DataPlane
 from service.errors import BadInputError
@@ -122,7 +122,7 @@ async def test_a_retired_version_takes_its_answers_along(settings_factory, cache
 def test_the_byte_budget_holds_under_unique_inputs() -> None:
     owner = object()
     rows = np.random.default_rng(0).random((500, 64), dtype=np.float32)
-    entry = 10 * 4 + 64 * 4 + ENTRY_OVERHEAD  # one row's ten float32 logits; its key's input
+    entry = 10 * 4 + ARRAY_OVERHEAD + 64 * 4 + ENTRY_OVERHEAD  # ten logits; the key's input
     cache = ResponseCache(budget=20 * entry)
     for row in rows:
         key = cache.key((owner,), {"input": row[None]}, None)
@@ -135,6 +135,43 @@ def test_the_byte_budget_holds_under_unique_inputs() -> None:
     huge = cache.key((owner,), {"input": rows[:1] + 1}, None)
     cache.put(huge, {"x": np.ones(10_000, np.float32)}, (owner,))  # above the whole budget
     assert cache.get(huge) is None and cache.used <= cache.budget
+
+
+SMALL_ENTRIES = {
+    "one output": (1, 1),
+    "three outputs": (3, 1),
+    "BYTES input of 200 values": (1, 200),
+}
+PUTS = 40_000  # each of a one-element input; a tenth as many of a BYTES one
+
+
+@pytest.mark.parametrize(("outputs", "values"), SMALL_ENTRIES.values(), ids=SMALL_ENTRIES)
+def test_the_budget_counts_what_small_answers_really_hold(outputs: int, values: int) -> None:
+    """A cache filled with the smallest answers (one-element outputs; a one-element input, or
+    a BYTES input of short values) holds, as tracemalloc counts it, no more than its budget
+    says: counted as 256 bytes beside the arrays' data and each BYTES value's length, it held
+    three to four times its budget (CWE-770: memory that distinct requests grow past its
+    bound)."""
+    import tracemalloc
+
+    owner = object()
+    cache = ResponseCache(budget=4 << 20)
+    rng = np.random.default_rng(0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(PUTS if values == 1 else PUTS // 10):
+            if values == 1:
+                given = rng.random((1, 1), dtype=np.float32)
+            else:
+                given = np.array([b"%d-%d" % (i, j) for j in range(values)], dtype=object)
+            answer = {f"out{k}": np.zeros((1, 1), np.float32) for k in range(outputs)}
+            cache.put(cache.key((owner,), {"input": given}, None), answer, (owner,))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(cache) < (PUTS if values == 1 else PUTS // 10)  # the budget bounded it
+    assert held <= cache.budget * 1.15, (held, cache.used)  # 1.15: a dict between resizes
 
 
 def test_kept_arrays_are_copies_that_cannot_change() -> None:
