@@ -35,14 +35,11 @@ Outputs = dict[str, np.ndarray]
 # The key: (owners' ids, outputs asked for, then name, dtype, shape, contents of each input).
 Key = tuple[Any, ...]
 INPUT = 4  # the key's items per input, after the owners' ids and the outputs asked for
-# Bytes counted per entry beside its arrays' data, and per kept array beside its data: what
-# Python and numpy allocate for them (tracemalloc over 20,000 entries of one-element arrays:
-# 734 B per entry with one array, 177 more per array; the dict table's slack on top). 256 in
-# all made a cache of small answers hold twice its budget (tests/service/test_cache.py).
+# What Python and numpy allocate beside the data, per entry, per kept array and per value of a
+# BYTES input its key holds, so that small answers stay within the budget (measured: the
+# "Growth" section of docs/security.md; tests/service/test_cache.py holds them to it).
 ENTRY_OVERHEAD = 640
 ARRAY_OVERHEAD = 176
-# Per value of a BYTES input its key holds: the bytes object's header (33, rounded up by the
-# allocator) and the tuple's slot; its length alone made such a cache hold 4x its budget.
 VALUE_OVERHEAD = 48
 EXACT_BYTES = 64 * 1024  # inputs up to this size are keyed by their bytes, above by a digest
 
